@@ -1,0 +1,19 @@
+//! The gputel wire protocol: messages and the gRPC service between agent and collector.
+//!
+//! Generated from `proto/gputel/v1/telemetry.proto`; see that file for the meaning of
+//! every field.
+
+#![allow(missing_debug_implementations, clippy::all, clippy::unwrap_used)]
+
+/// Version 1 of the protocol.
+pub mod v1 {
+    tonic::include_proto!("gputel.v1");
+}
+
+pub use v1::{
+    AgentMessage, Batch, CollectorMessage, GpuSample, Hello, IbPortSample, NodeSample,
+    agent_message, collector_message,
+};
+
+/// Largest encoded message either side accepts by default (16 MiB).
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;

@@ -1,0 +1,207 @@
+use std::path::PathBuf;
+use std::sync::{Arc, LazyLock};
+
+use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
+
+/// Column names shared by several tables.
+pub mod col {
+    pub const TS: &str = "ts";
+    pub const NODE: &str = "node";
+    pub const GPU: &str = "gpu";
+    pub const DEVICE: &str = "device";
+    pub const PORT: &str = "port";
+}
+
+/// A table the collector writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Table {
+    /// One row per GPU per tick.
+    Gpu,
+    /// One row per node per tick.
+    Node,
+    /// One row per InfiniBand port per tick.
+    Ib,
+}
+
+impl Table {
+    /// Every table, in a stable order.
+    pub const ALL: [Table; 3] = [Table::Gpu, Table::Node, Table::Ib];
+
+    /// The table's name: its directory under the store and its golden file's stem.
+    pub fn name(self) -> &'static str {
+        match self {
+            Table::Gpu => "gpu",
+            Table::Node => "node",
+            Table::Ib => "ib",
+        }
+    }
+
+    /// The table's Arrow schema. Partition columns (`date`, `hour`) are not in
+    /// the files: readers derive them from the path.
+    pub fn schema(self) -> SchemaRef {
+        match self {
+            Table::Gpu => GPU.clone(),
+            Table::Node => NODE.clone(),
+            Table::Ib => IB.clone(),
+        }
+    }
+
+    /// Columns the rows of a file are sorted by: node, then device, then time.
+    pub fn sort_key(self) -> &'static [&'static str] {
+        match self {
+            Table::Gpu => &[col::NODE, col::GPU, col::TS],
+            Table::Node => &[col::NODE, col::TS],
+            Table::Ib => &[col::NODE, col::DEVICE, col::PORT, col::TS],
+        }
+    }
+
+    /// String columns worth a bloom filter: the ones queries filter on by equality.
+    pub fn bloom_filter_columns(self) -> &'static [&'static str] {
+        &[col::NODE]
+    }
+}
+
+impl std::fmt::Display for Table {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+fn ts() -> Field {
+    Field::new(
+        col::TS,
+        DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+        false,
+    )
+}
+
+fn dict_str(name: &str, nullable: bool) -> Field {
+    Field::new_dictionary(name, DataType::Int32, DataType::Utf8, nullable)
+}
+
+fn opt(name: &str, data_type: DataType) -> Field {
+    Field::new(name, data_type, true)
+}
+
+static GPU: LazyLock<SchemaRef> = LazyLock::new(|| {
+    Arc::new(Schema::new(vec![
+        ts(),
+        dict_str(col::NODE, false),
+        Field::new(col::GPU, DataType::Int32, false),
+        dict_str("uuid", false),
+        dict_str("model", false),
+        opt("temperature_c", DataType::Int32),
+        opt("memory_temperature_c", DataType::Int32),
+        opt("power_mw", DataType::Int64),
+        opt("energy_mj", DataType::Int64),
+        opt("sm_clock_mhz", DataType::Int32),
+        opt("memory_clock_mhz", DataType::Int32),
+        opt("gpu_util_pct", DataType::Int32),
+        opt("memory_copy_util_pct", DataType::Int32),
+        opt("fb_used_bytes", DataType::Int64),
+        opt("fb_free_bytes", DataType::Int64),
+        opt("fb_total_bytes", DataType::Int64),
+    ]))
+});
+
+static NODE: LazyLock<SchemaRef> = LazyLock::new(|| {
+    Arc::new(Schema::new(vec![
+        ts(),
+        dict_str(col::NODE, false),
+        Field::new("cpu_count", DataType::Int32, false),
+        opt("cpu_user_pct", DataType::Float32),
+        opt("cpu_system_pct", DataType::Float32),
+        opt("cpu_iowait_pct", DataType::Float32),
+        opt("cpu_idle_pct", DataType::Float32),
+        opt("memory_total_bytes", DataType::Int64),
+        opt("memory_used_bytes", DataType::Int64),
+        opt("memory_available_bytes", DataType::Int64),
+        opt("load1", DataType::Float32),
+        opt("load5", DataType::Float32),
+        opt("load15", DataType::Float32),
+    ]))
+});
+
+static IB: LazyLock<SchemaRef> = LazyLock::new(|| {
+    Arc::new(Schema::new(vec![
+        ts(),
+        dict_str(col::NODE, false),
+        dict_str(col::DEVICE, false),
+        Field::new(col::PORT, DataType::Int32, false),
+        dict_str("state", false),
+        opt("rate_gbps", DataType::Float64),
+        opt("xmit_bytes", DataType::Int64),
+        opt("rcv_bytes", DataType::Int64),
+        opt("xmit_packets", DataType::Int64),
+        opt("rcv_packets", DataType::Int64),
+        opt("xmit_bytes_per_s", DataType::Float64),
+        opt("rcv_bytes_per_s", DataType::Float64),
+        opt("xmit_packets_per_s", DataType::Float64),
+        opt("rcv_packets_per_s", DataType::Float64),
+    ]))
+});
+
+/// A schema as stable text, one column a line: `name: type[ not null]`.
+/// This is the format of the golden files.
+pub fn describe_schema(schema: &Schema) -> String {
+    let mut out = String::new();
+    for field in schema.fields() {
+        out.push_str(field.name());
+        out.push_str(": ");
+        out.push_str(&field.data_type().to_string());
+        if !field.is_nullable() {
+            out.push_str(" not null");
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// Where a table's golden schema file lives in the source tree.
+pub fn golden_path(table: Table) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("golden")
+        .join(format!("{}.schema", table.name()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Compares every table's schema with its golden file. To accept an
+    /// intended change, run with `GPUTEL_UPDATE_GOLDEN=1` and review the diff.
+    #[test]
+    fn schemas_match_golden_files() {
+        let update = std::env::var_os("GPUTEL_UPDATE_GOLDEN").is_some();
+        for table in Table::ALL {
+            let path = golden_path(table);
+            let actual = describe_schema(&table.schema());
+            if update {
+                std::fs::write(&path, &actual).expect("write golden file");
+                continue;
+            }
+            let expected = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert_eq!(
+                actual,
+                expected,
+                "schema of table `{table}` differs from {}; if intended, rerun with GPUTEL_UPDATE_GOLDEN=1",
+                path.display()
+            );
+        }
+    }
+
+    #[test]
+    fn sort_keys_and_bloom_columns_exist_in_schemas() {
+        for table in Table::ALL {
+            let schema = table.schema();
+            for name in table.sort_key().iter().chain(table.bloom_filter_columns()) {
+                assert!(
+                    schema.field_with_name(name).is_ok(),
+                    "{table}: no column {name}"
+                );
+            }
+            assert_eq!(table.sort_key().last(), Some(&col::TS), "{table}");
+        }
+    }
+}
