@@ -6,6 +6,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={proto}");
     }
     let descriptors = protox::compile(protos, ["."])?;
-    tonic_prost_build::configure().compile_fds(descriptors)?;
+    let mut config = tonic_prost_build::configure();
+    // Rows serialize to JSON for `gputel-agent --once`.
+    for message in ["GpuSample", "NodeSample", "IbPortSample"] {
+        config = config.type_attribute(format!(".gputel.v1.{message}"), "#[derive(serde::Serialize)]");
+    }
+    config.compile_fds(descriptors)?;
     Ok(())
 }

@@ -1,4 +1,12 @@
-//! gputel agent: samples GPUs (NVML), the host (/proc) and InfiniBand ports (/sys),
-//! and streams batches of rows to a collector over gRPC.
+//! gputel agent: samples GPUs (NVML), the host (/proc) and InfiniBand ports
+//! (/sys) at wall-clock-aligned ticks, and streams batches of rows to a
+//! collector over gRPC.
+//!
+//! Data flow: [`sampler`] (one file per source) → [`sampling`] (the tick loop,
+//! on its own thread) → [`client`] (queue, stream, acknowledgements).
 
+pub mod client;
+pub mod config;
 pub mod sampler;
+pub mod sampling;
+pub mod snapshot;

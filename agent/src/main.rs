@@ -1,1 +1,133 @@
-fn main(){}
+use std::io::Write;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use gputel_agent::client::{self, Identity};
+use gputel_agent::config::{Cli, Config};
+use gputel_agent::sampling::{self, Samplers};
+use gputel_agent::snapshot;
+use tonic::transport::Endpoint;
+use tracing::{info, warn};
+use tracing_subscriber::EnvFilter;
+
+/// Batches buffered between the sampling thread and the network task.
+const HANDOFF: usize = 64;
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let config = Config::load(&cli)?;
+    let filter = EnvFilter::try_from_default_env()
+        .or_else(|_| EnvFilter::try_new(&config.log))
+        .with_context(|| format!("invalid log filter {:?}", config.log))?;
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+
+    let samplers = Samplers::open(&config);
+    if cli.once {
+        let gap = config.interval.min(Duration::from_secs(1));
+        let snap = snapshot::take(&config.node, samplers, gap);
+        let mut out = std::io::stdout().lock();
+        serde_json::to_writer_pretty(&mut out, &snap)?;
+        writeln!(out)?;
+        return Ok(());
+    }
+
+    let endpoint = Endpoint::from_shared(config.collector.clone())
+        .with_context(|| format!("invalid collector URL {:?}", config.collector))?
+        .connect_timeout(Duration::from_secs(10))
+        .tcp_nodelay(true);
+    let identity = Identity {
+        node: config.node.clone(),
+        agent_id: new_agent_id(),
+        boot_id: read_trimmed(&config.procfs_root.join("sys/kernel/random/boot_id")),
+    };
+    info!(node = %identity.node, agent_id = %identity.agent_id, collector = %config.collector, interval = ?config.interval, "starting");
+
+    // One thread for the network side is plenty at one batch per interval.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (batch_tx, batch_rx) = tokio::sync::mpsc::channel(HANDOFF);
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    let interval = config.interval;
+    let ticks = cli.ticks;
+    let sampler = std::thread::Builder::new()
+        .name("sampler".into())
+        .spawn(move || {
+            sampling::run(samplers, interval, ticks, &stop_rx, |batch| {
+                batch_tx.blocking_send(batch).is_ok()
+            })
+        })?;
+
+    let delivery = runtime.block_on(async {
+        let delivering = tokio::spawn(client::run(
+            endpoint,
+            identity,
+            batch_rx,
+            config.max_pending_batches,
+            config.drain_timeout,
+        ));
+        tokio::pin!(delivering);
+        tokio::select! {
+            delivery = &mut delivering => delivery,
+            () = shutdown_signal() => {
+                info!("stopping: delivering what was sampled");
+                let _ = stop_tx.send(());
+                delivering.await
+            }
+        }
+    })?;
+    let ticks = sampler
+        .join()
+        .map_err(|_| anyhow::anyhow!("the sampling thread panicked"))?;
+    let summary = format!(
+        "ticks={ticks} batches={} acknowledged={} rejected={} dropped={} unacknowledged={}",
+        delivery.produced,
+        delivery.acknowledged,
+        delivery.rejected,
+        delivery.dropped,
+        delivery.unacknowledged
+    );
+    if delivery.unacknowledged > 0 || delivery.dropped > 0 || delivery.rejected > 0 {
+        warn!("stopped with data not delivered: {summary}");
+    } else {
+        info!("stopped: {summary}");
+    }
+    println!("{summary}");
+    Ok(())
+}
+
+/// A fresh id per process: sequence numbers restart at 1 with each start.
+fn new_agent_id() -> String {
+    let uuid = read_trimmed(std::path::Path::new("/proc/sys/kernel/random/uuid"));
+    if uuid.is_empty() {
+        format!("{}-{}", std::process::id(), sampling::now_us())
+    } else {
+        uuid
+    }
+}
+
+fn read_trimmed(path: &std::path::Path) -> String {
+    std::fs::read_to_string(path)
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

@@ -1,0 +1,231 @@
+//! Configuration: a TOML file (`--config`) overridden by command-line flags.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{Args, Parser};
+use serde::Deserialize;
+
+/// The collector's default address (see gputel-collector's `--listen`).
+pub const DEFAULT_COLLECTOR: &str = "http://127.0.0.1:7117";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "gputel-agent",
+    version,
+    about = "Samples GPUs, the host and InfiniBand ports, and streams them to a gputel collector",
+    long_about = "Samples every GPU through NVML, the host through /proc and InfiniBand ports \
+                  through /sys, once per --interval at wall-clock multiples of it, and streams \
+                  the samples to a gputel collector over gRPC. Batches the collector has not \
+                  acknowledged are kept and resent after a reconnect.\n\n\
+                  Settings come from --config (TOML; keys are the flags' long names without the \
+                  leading dashes, e.g. interval = \"5s\"); flags override the file."
+)]
+pub struct Cli {
+    /// TOML configuration file.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Print one snapshot as JSON on stdout and exit, without a collector.
+    #[arg(long)]
+    pub once: bool,
+    /// Stop after this many ticks, once the collector has acknowledged them.
+    #[arg(long, value_name = "N", conflicts_with = "once")]
+    pub ticks: Option<u64>,
+    #[command(flatten)]
+    pub settings: Settings,
+}
+
+/// Every setting, optional so that file and flags can be merged.
+#[derive(Debug, Default, Clone, Args, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct Settings {
+    /// Collector to stream to [default: http://127.0.0.1:7117].
+    #[arg(long, value_name = "URL")]
+    pub collector: Option<String>,
+    /// Time between samples; ticks fall on wall-clock multiples of it [default: 1s].
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[serde(default, with = "humantime_serde")]
+    pub interval: Option<Duration>,
+    /// Node name put on every row [default: the host name].
+    #[arg(long, value_name = "NAME")]
+    pub node: Option<String>,
+    /// Where procfs is mounted [default: /proc].
+    #[arg(long, value_name = "DIR")]
+    pub procfs_root: Option<PathBuf>,
+    /// Where sysfs is mounted [default: /sys].
+    #[arg(long, value_name = "DIR")]
+    pub sysfs_root: Option<PathBuf>,
+    /// NVML library to load [default: the system's libnvidia-ml.so.1].
+    #[arg(long, value_name = "PATH")]
+    pub nvml_lib: Option<PathBuf>,
+    /// Unacknowledged batches kept in memory while the collector is away; the
+    /// oldest are dropped, and counted, beyond it [default: 3600].
+    #[arg(long, value_name = "BATCHES")]
+    pub max_pending_batches: Option<usize>,
+    /// At shutdown, how long to wait for the collector to acknowledge what was sent
+    /// [default: 10s].
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[serde(default, with = "humantime_serde")]
+    pub drain_timeout: Option<Duration>,
+    /// Log filter, as in RUST_LOG (e.g. "info", "gputel_agent=debug") [default: info].
+    #[arg(long, value_name = "FILTER")]
+    pub log: Option<String>,
+}
+
+impl Settings {
+    /// These settings, with `other`'s filling the gaps.
+    fn or(self, other: Settings) -> Settings {
+        Settings {
+            collector: self.collector.or(other.collector),
+            interval: self.interval.or(other.interval),
+            node: self.node.or(other.node),
+            procfs_root: self.procfs_root.or(other.procfs_root),
+            sysfs_root: self.sysfs_root.or(other.sysfs_root),
+            nvml_lib: self.nvml_lib.or(other.nvml_lib),
+            max_pending_batches: self.max_pending_batches.or(other.max_pending_batches),
+            drain_timeout: self.drain_timeout.or(other.drain_timeout),
+            log: self.log.or(other.log),
+        }
+    }
+}
+
+/// The resolved configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub collector: String,
+    pub interval: Duration,
+    pub node: String,
+    pub procfs_root: PathBuf,
+    pub sysfs_root: PathBuf,
+    pub nvml_lib: Option<PathBuf>,
+    pub max_pending_batches: usize,
+    pub drain_timeout: Duration,
+    pub log: String,
+}
+
+/// Why the configuration could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config file {path} is invalid: {source}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: toml::de::Error,
+    },
+    #[error("cannot read the host name from {path} ({source}); set --node")]
+    Hostname {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl Config {
+    /// Merges flags over the file (if any) over the defaults.
+    pub fn load(cli: &Cli) -> Result<Config, ConfigError> {
+        let file = match &cli.config {
+            Some(path) => read_file(path)?,
+            None => Settings::default(),
+        };
+        let s = cli.settings.clone().or(file);
+        let procfs_root = s.procfs_root.unwrap_or_else(|| PathBuf::from("/proc"));
+        let node = match s.node {
+            Some(node) => node,
+            None => hostname(&procfs_root)?,
+        };
+        let config = Config {
+            collector: s.collector.unwrap_or_else(|| DEFAULT_COLLECTOR.to_owned()),
+            interval: s.interval.unwrap_or(Duration::from_secs(1)),
+            node,
+            procfs_root,
+            sysfs_root: s.sysfs_root.unwrap_or_else(|| PathBuf::from("/sys")),
+            nvml_lib: s.nvml_lib,
+            max_pending_batches: s.max_pending_batches.unwrap_or(3600),
+            drain_timeout: s.drain_timeout.unwrap_or(Duration::from_secs(10)),
+            log: s.log.unwrap_or_else(|| "info".to_owned()),
+        };
+        if config.interval < Duration::from_millis(10) {
+            return Err(ConfigError::Invalid("interval must be at least 10ms".into()));
+        }
+        if config.max_pending_batches == 0 {
+            return Err(ConfigError::Invalid(
+                "max-pending-batches must be above zero".into(),
+            ));
+        }
+        let node_ok = !config.node.is_empty()
+            && config.node.len() <= 253
+            && config
+                .node
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+        if !node_ok {
+            return Err(ConfigError::Invalid(format!(
+                "node name {:?} is invalid: use 1 to 253 characters of [A-Za-z0-9._-] (set --node)",
+                config.node
+            )));
+        }
+        Ok(config)
+    }
+}
+
+fn hostname(procfs_root: &Path) -> Result<String, ConfigError> {
+    let path = procfs_root.join("sys/kernel/hostname");
+    std::fs::read_to_string(&path)
+        .map(|s| s.trim().to_owned())
+        .map_err(|source| ConfigError::Hostname { path, source })
+}
+
+fn read_file(path: &Path) -> Result<Settings, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    toml::from_str(&text).map_err(|source| ConfigError::Parse {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_override_file_and_file_overrides_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.toml");
+        std::fs::write(
+            &path,
+            "interval = \"5s\"\nnode = \"gpu-017\"\ncollector = \"http://c:1\"\n",
+        )
+        .unwrap();
+        let cli = Cli::parse_from([
+            "gputel-agent",
+            "--config",
+            path.to_str().unwrap(),
+            "--collector",
+            "http://10.0.0.1:7117",
+        ]);
+        let config = Config::load(&cli).unwrap();
+        assert_eq!(config.collector, "http://10.0.0.1:7117");
+        assert_eq!(config.interval, Duration::from_secs(5));
+        assert_eq!(config.node, "gpu-017");
+        assert_eq!(config.procfs_root, PathBuf::from("/proc"));
+        assert_eq!(config.max_pending_batches, 3600);
+    }
+
+    #[test]
+    fn bad_node_names_are_refused() {
+        let cli = Cli::parse_from(["gputel-agent", "--node", "../../etc"]);
+        let err = Config::load(&cli).unwrap_err().to_string();
+        assert!(err.starts_with("node name \"../../etc\" is invalid"), "{err}");
+    }
+}

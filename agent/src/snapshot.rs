@@ -1,0 +1,83 @@
+//! `gputel-agent --once`: one snapshot of every source as JSON, for operators
+//! and tests.
+
+use std::time::Duration;
+
+use gputel_proto::{GpuSample, IbPortSample, NodeSample};
+use serde::Serialize;
+
+use crate::sampling::{Samplers, now_us};
+
+/// What `--once` prints.
+#[derive(Debug, Serialize)]
+pub struct Snapshot {
+    pub node: String,
+    /// The sample time, RFC 3339 UTC.
+    pub ts: String,
+    pub ts_us: i64,
+    pub agent_version: &'static str,
+    pub gpu_status: GpuStatus,
+    pub gpus: Vec<GpuSample>,
+    pub host: NodeSample,
+    pub ib_ports: Vec<IbPortSample>,
+    /// Sources or metrics that failed, in words.
+    pub errors: Vec<String>,
+}
+
+/// Whether GPUs could be sampled, and why not.
+#[derive(Debug, Serialize)]
+pub struct GpuStatus {
+    pub available: bool,
+    pub driver_version: Option<String>,
+    pub reason: Option<String>,
+}
+
+/// Samples twice, `gap` apart, so rates and CPU shares have a previous
+/// reading, and returns the second sample.
+pub fn take(node: &str, mut samplers: Samplers, gap: Duration) -> Snapshot {
+    let _ = samplers.sample(now_us());
+    std::thread::sleep(gap);
+    let ts_us = now_us();
+    let tick = samplers.sample(ts_us);
+    let gpu_status = match &samplers.gpu {
+        Ok(gpu) => GpuStatus {
+            available: true,
+            driver_version: gpu.driver_version().map(str::to_owned),
+            reason: None,
+        },
+        Err(e) => GpuStatus {
+            available: false,
+            driver_version: None,
+            reason: Some(format!("GPUs are unavailable: {e}")),
+        },
+    };
+    let mut batch = tick.batch;
+    Snapshot {
+        node: node.to_owned(),
+        ts: rfc3339(ts_us),
+        ts_us,
+        agent_version: env!("CARGO_PKG_VERSION"),
+        gpu_status,
+        gpus: std::mem::take(&mut batch.gpu),
+        host: batch.node.pop().unwrap_or_default(),
+        ib_ports: batch.ib,
+        errors: tick.errors,
+    }
+}
+
+fn rfc3339(ts_us: i64) -> String {
+    chrono::DateTime::from_timestamp_micros(ts_us)
+        .unwrap_or_default()
+        .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_of_known_instants() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000000Z");
+        assert_eq!(rfc3339(1_795_240_812_345_678), "2026-11-21T06:00:12.345678Z");
+    }
+}
