@@ -40,6 +40,16 @@ pub struct Delivery {
     pub dropped: u64,
     /// Batches still unacknowledged when the agent stopped.
     pub unacknowledged: u64,
+    /// Rows in acknowledged batches, per table.
+    pub acknowledged_rows: TableRows,
+}
+
+/// Row counts per table.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct TableRows {
+    pub gpu: u64,
+    pub node: u64,
+    pub ib: u64,
 }
 
 /// Why a connection ended.
@@ -284,8 +294,11 @@ impl Queue {
     /// Drops every batch with seq <= `seq`; returns how many.
     fn acknowledge(&mut self, seq: u64) -> usize {
         let before = self.batches.len();
-        while self.batches.front().is_some_and(|b| b.seq <= seq) {
-            self.batches.pop_front();
+        while let Some(batch) = self.batches.pop_front_if(|b| b.seq <= seq) {
+            let rows = &mut self.delivery.acknowledged_rows;
+            rows.gpu += batch.gpu.len() as u64;
+            rows.node += batch.node.len() as u64;
+            rows.ib += batch.ib.len() as u64;
         }
         let removed = before - self.batches.len();
         self.delivery.acknowledged += removed as u64;
@@ -341,7 +354,8 @@ mod tests {
                 acknowledged: 4,
                 rejected: 1,
                 dropped: 0,
-                unacknowledged: 0
+                unacknowledged: 0,
+                acknowledged_rows: TableRows::default(),
             }
         );
     }

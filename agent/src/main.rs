@@ -85,12 +85,16 @@ fn main() -> anyhow::Result<()> {
         .join()
         .map_err(|_| anyhow::anyhow!("the sampling thread panicked"))?;
     let summary = format!(
-        "ticks={ticks} batches={} acknowledged={} rejected={} dropped={} unacknowledged={}",
+        "ticks={ticks} batches={} acknowledged={} rejected={} dropped={} unacknowledged={} \
+         acknowledged_rows: gpu={} node={} ib={}",
         delivery.produced,
         delivery.acknowledged,
         delivery.rejected,
         delivery.dropped,
-        delivery.unacknowledged
+        delivery.unacknowledged,
+        delivery.acknowledged_rows.gpu,
+        delivery.acknowledged_rows.node,
+        delivery.acknowledged_rows.ib,
     );
     if delivery.unacknowledged > 0 || delivery.dropped > 0 || delivery.rejected > 0 {
         warn!("stopped with data not delivered: {summary}");

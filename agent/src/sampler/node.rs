@@ -1,0 +1,622 @@
+//! Host sampler: CPU time shares from `/proc/stat`, memory from `/proc/meminfo`,
+//! load averages from `/proc/loadavg`, all read under a configurable procfs root.
+//!
+//! The three files are independent: one that cannot be read or parsed leaves
+//! its fields unset and is reported, and the others still fill theirs.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use gputel_proto::NodeSample;
+use procfs::{CpuTime, FromRead, FromReadSI, KernelStats, LoadAverage, Meminfo, ProcError};
+
+use super::SampleError;
+
+/// File names under the procfs root.
+const STAT: &str = "stat";
+const MEMINFO: &str = "meminfo";
+const LOADAVG: &str = "loadavg";
+
+/// Samples the host: one [`NodeSample`] per tick.
+#[derive(Debug)]
+pub struct NodeSampler {
+    root: PathBuf,
+    /// The aggregate `cpu` line of the last `stat` that parsed. A tick whose
+    /// `stat` fails keeps it, so the next shares cover both intervals.
+    prev_cpu: Option<CpuJiffies>,
+}
+
+impl NodeSampler {
+    /// A sampler reading `<procfs_root>/stat`, `meminfo` and `loadavg` (the root is `/proc` in production).
+    pub fn new(procfs_root: impl Into<PathBuf>) -> Self {
+        Self {
+            root: procfs_root.into(),
+            prev_cpu: None,
+        }
+    }
+
+    /// One NodeSample for the tick. CPU shares need the previous tick, so the first call leaves them None.
+    ///
+    /// Fills what it can: a file that cannot be read or parsed leaves its
+    /// fields unset (`cpu_count` 0 for `stat`) and pushes one error to `errors`.
+    pub fn sample(&mut self, ts_us: i64, errors: &mut Vec<SampleError>) -> NodeSample {
+        let mut sample = NodeSample {
+            ts_us,
+            ..NodeSample::default()
+        };
+
+        match self.read_stat() {
+            Ok(stat) => {
+                sample.cpu_count = u32::try_from(stat.cpu_time.len()).unwrap_or(u32::MAX);
+                let now = CpuJiffies::from(&stat.total);
+                if let Some(shares) = self
+                    .prev_cpu
+                    .and_then(|prev| CpuShares::between(&prev, &now))
+                {
+                    sample.cpu_user_pct = Some(shares.user);
+                    sample.cpu_system_pct = Some(shares.system);
+                    sample.cpu_iowait_pct = Some(shares.iowait);
+                    sample.cpu_idle_pct = Some(shares.idle);
+                }
+                self.prev_cpu = Some(now);
+            }
+            Err(e) => errors.push(e),
+        }
+
+        match self.read_meminfo() {
+            Ok(mem) => {
+                sample.memory_total_bytes = Some(mem.mem_total);
+                // MemAvailable exists since Linux 3.14; without it "used" cannot be
+                // told apart from reclaimable cache, so both stay unset.
+                if let Some(available) = mem.mem_available {
+                    sample.memory_available_bytes = Some(available);
+                    sample.memory_used_bytes = Some(mem.mem_total.saturating_sub(available));
+                }
+            }
+            Err(e) => errors.push(e),
+        }
+
+        match self.read_loadavg() {
+            Ok(load) => {
+                sample.load1 = Some(load.one);
+                sample.load5 = Some(load.five);
+                sample.load15 = Some(load.fifteen);
+            }
+            Err(e) => errors.push(e),
+        }
+
+        sample
+    }
+
+    fn read_stat(&self) -> Result<KernelStats, SampleError> {
+        let path = self.root.join(STAT);
+        let text = read_kernel_text(&path)?;
+        // The system info only supplies ticks per second for procfs' *_ms
+        // helpers; the shares below use raw jiffies.
+        KernelStats::from_read(text.as_bytes(), procfs::current_system_info())
+            .map_err(|e| procfs_parse_error(&path, e))
+    }
+
+    fn read_meminfo(&self) -> Result<Meminfo, SampleError> {
+        let path = self.root.join(MEMINFO);
+        let text = read_kernel_text(&path)?;
+        check_meminfo_values(&text).map_err(|reason| SampleError::Parse {
+            path: path.clone(),
+            reason,
+        })?;
+        // procfs converts the kernel's "kB" (KiB) values to bytes.
+        Meminfo::from_read(text.as_bytes()).map_err(|e| procfs_parse_error(&path, e))
+    }
+
+    fn read_loadavg(&self) -> Result<LoadAverage, SampleError> {
+        let path = self.root.join(LOADAVG);
+        let text = read_kernel_text(&path)?;
+        LoadAverage::from_read(text.as_bytes()).map_err(|e| procfs_parse_error(&path, e))
+    }
+}
+
+/// The aggregate `cpu` line of `/proc/stat`, in jiffies (USER_HZ ticks).
+/// Fields older kernels do not write count as 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct CpuJiffies {
+    user: u64,
+    nice: u64,
+    system: u64,
+    idle: u64,
+    iowait: u64,
+    irq: u64,
+    softirq: u64,
+    steal: u64,
+}
+
+impl From<&CpuTime> for CpuJiffies {
+    fn from(t: &CpuTime) -> Self {
+        Self {
+            user: t.user,
+            nice: t.nice,
+            system: t.system,
+            idle: t.idle,
+            iowait: t.iowait.unwrap_or(0),
+            irq: t.irq.unwrap_or(0),
+            softirq: t.softirq.unwrap_or(0),
+            steal: t.steal.unwrap_or(0),
+        }
+    }
+}
+
+impl CpuJiffies {
+    /// Per-field increase since `prev`; None if any counter went backwards
+    /// (CPU hotplug, or the aggregate iowait, which the kernel documents as
+    /// able to decrease).
+    fn since(&self, prev: &Self) -> Option<Self> {
+        Some(Self {
+            user: self.user.checked_sub(prev.user)?,
+            nice: self.nice.checked_sub(prev.nice)?,
+            system: self.system.checked_sub(prev.system)?,
+            idle: self.idle.checked_sub(prev.idle)?,
+            iowait: self.iowait.checked_sub(prev.iowait)?,
+            irq: self.irq.checked_sub(prev.irq)?,
+            softirq: self.softirq.checked_sub(prev.softirq)?,
+            steal: self.steal.checked_sub(prev.steal)?,
+        })
+    }
+
+    /// total = user + nice + system + idle + iowait + irq + softirq + steal.
+    ///
+    /// guest and guest_nice are left out: the kernel already counts guest time
+    /// inside user (and guest_nice inside nice), so adding them would count it twice.
+    fn total(&self) -> Option<u64> {
+        [
+            self.user,
+            self.nice,
+            self.system,
+            self.idle,
+            self.iowait,
+            self.irq,
+            self.softirq,
+            self.steal,
+        ]
+        .into_iter()
+        .try_fold(0u64, u64::checked_add)
+    }
+}
+
+/// Shares of all CPUs' time over one interval, in percent. Each is computed
+/// from the per-field increases (Δ) between two readings:
+///
+/// - user   = 100 × (Δuser + Δnice) / Δtotal
+/// - system = 100 × (Δsystem + Δirq + Δsoftirq) / Δtotal
+/// - iowait = 100 × Δiowait / Δtotal
+/// - idle   = 100 × Δidle / Δtotal
+///
+/// with Δtotal as in [`CpuJiffies::total`]. Steal time is part of Δtotal but
+/// of no share, so the four add up to 100 minus the steal share.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct CpuShares {
+    user: f32,
+    system: f32,
+    iowait: f32,
+    idle: f32,
+}
+
+impl CpuShares {
+    /// None when a counter went backwards or no time passed (Δtotal = 0).
+    fn between(prev: &CpuJiffies, now: &CpuJiffies) -> Option<Self> {
+        let Some(delta) = now.since(prev) else {
+            tracing::debug!("a /proc/stat CPU counter went backwards; no CPU shares this tick");
+            return None;
+        };
+        let total = delta.total().filter(|&t| t > 0)? as f64;
+        // Multiply before dividing so whole-number shares come out exact.
+        let pct = |part: u64| (100.0 * part as f64 / total) as f32;
+        Some(Self {
+            user: pct(delta.user.saturating_add(delta.nice)),
+            system: pct(delta
+                .system
+                .saturating_add(delta.irq)
+                .saturating_add(delta.softirq)),
+            iowait: pct(delta.iowait),
+            idle: pct(delta.idle),
+        })
+    }
+}
+
+/// Reads a procfs text file whole. The kernel writes these files in ASCII, so
+/// anything else is reported as a parse error rather than handed to procfs.
+fn read_kernel_text(path: &Path) -> Result<String, SampleError> {
+    let bytes = fs::read(path).map_err(|source| SampleError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let parse_error = |reason: &str| SampleError::Parse {
+        path: path.to_owned(),
+        reason: reason.to_owned(),
+    };
+    if bytes.is_empty() {
+        return Err(parse_error("the file is empty"));
+    }
+    if !bytes.is_ascii() {
+        return Err(parse_error(
+            "the file holds bytes that are not ASCII, which the kernel never writes here",
+        ));
+    }
+    String::from_utf8(bytes).map_err(|_| parse_error("the file is not UTF-8"))
+}
+
+/// Rejects meminfo values too large to convert to bytes. procfs multiplies
+/// each value by its unit unchecked, which panics in debug builds; no kernel
+/// writes such values, so they mean a corrupt file.
+fn check_meminfo_values(text: &str) -> Result<(), String> {
+    for line in text.lines() {
+        let mut words = line.split_whitespace();
+        let (Some(name), Some(value), Some(unit)) = (words.next(), words.next(), words.next())
+        else {
+            continue;
+        };
+        // The units procfs knows; it rejects any other itself.
+        let bytes_per_unit: u64 = match unit {
+            "KiB" | "kiB" | "kB" | "KB" => 1 << 10,
+            "MiB" | "miB" | "MB" | "mB" => 1 << 20,
+            "GiB" | "giB" | "GB" | "gB" => 1 << 30,
+            _ => 1,
+        };
+        if let Ok(value) = value.parse::<u64>()
+            && value.checked_mul(bytes_per_unit).is_none()
+        {
+            return Err(format!(
+                "{name} {value} {unit} does not fit in 64 bits as bytes"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// procfs reports a malformed file as an "internal error, please report this
+/// procfs bug"; say what it is instead: a file not in the kernel's format.
+fn procfs_parse_error(path: &Path, err: ProcError) -> SampleError {
+    let detail = match &err {
+        ProcError::InternalError(e) => e
+            .msg
+            .trim_start_matches("Internal Unwrap Error: ")
+            .trim_end_matches("NoneError")
+            .trim_end_matches(": ")
+            .to_owned(),
+        other => other.to_string(),
+    };
+    let reason = if detail.is_empty() {
+        "truncated or not in the format the kernel writes".to_owned()
+    } else {
+        format!("truncated or not in the format the kernel writes: {detail}")
+    };
+    SampleError::Parse {
+        path: path.to_owned(),
+        reason,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures");
+    /// 2024-06-12T16:00:00Z, an arbitrary tick.
+    const TS: i64 = 1_718_208_000_000_000;
+
+    /// Bytes from the fixture's `proc/meminfo` (values there are KiB).
+    const TOTAL_BYTES: u64 = 2_113_389_424 * 1024;
+    const AVAILABLE_BYTES: u64 = 1_876_542_180 * 1024;
+
+    fn fixture(dir: &str) -> PathBuf {
+        Path::new(FIXTURES).join(dir)
+    }
+
+    /// A temporary procfs root holding copies of `stat`, `meminfo` and `loadavg` from fixture `dir`.
+    fn temp_root(dir: &str) -> tempfile::TempDir {
+        let root = tempfile::tempdir().expect("create temp dir");
+        copy_files(dir, root.path());
+        root
+    }
+
+    fn copy_files(dir: &str, to: &Path) {
+        for name in [STAT, MEMINFO, LOADAVG] {
+            fs::copy(fixture(dir).join(name), to.join(name)).expect("copy fixture file");
+        }
+    }
+
+    fn fixture_text(dir: &str, name: &str) -> String {
+        fs::read_to_string(fixture(dir).join(name)).expect("read fixture")
+    }
+
+    fn write(root: &Path, name: &str, text: &str) {
+        fs::write(root.join(name), text).expect("write file");
+    }
+
+    /// The path of the one parse error in `errors`.
+    fn only_parse_error(errors: &[SampleError]) -> &Path {
+        match errors {
+            [SampleError::Parse { path, .. }] => path,
+            other => panic!("expected one parse error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn first_sample_reads_the_fixture_without_cpu_shares() {
+        let mut sampler = NodeSampler::new(fixture("proc"));
+        let mut errors = Vec::new();
+        let s = sampler.sample(TS, &mut errors);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(
+            s,
+            NodeSample {
+                ts_us: TS,
+                cpu_count: 8,
+                cpu_user_pct: None,
+                cpu_system_pct: None,
+                cpu_iowait_pct: None,
+                cpu_idle_pct: None,
+                memory_total_bytes: Some(2_164_110_770_176),
+                memory_used_bytes: Some(242_531_577_856),
+                memory_available_bytes: Some(1_921_579_192_320),
+                load1: Some(23.41),
+                load5: Some(22.87),
+                load15: Some(21.96),
+            }
+        );
+        assert_eq!(s.memory_total_bytes, Some(TOTAL_BYTES));
+        assert_eq!(s.memory_available_bytes, Some(AVAILABLE_BYTES));
+        assert_eq!(s.memory_used_bytes, Some(TOTAL_BYTES - AVAILABLE_BYTES));
+    }
+
+    #[test]
+    fn cpu_shares_over_two_stat_snapshots_are_exact() {
+        // proc → proc-later is one second on 8 CPUs: Δtotal = 800 jiffies, of which
+        // user 432 + nice 8, system 64 + irq 4 + softirq 12, iowait 8, idle 272.
+        let root = temp_root("proc");
+        let mut sampler = NodeSampler::new(root.path());
+        let mut errors = Vec::new();
+        sampler.sample(TS, &mut errors);
+        copy_files("proc-later", root.path());
+        let s = sampler.sample(TS + 1_000_000, &mut errors);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(s.cpu_count, 8);
+        assert_eq!(s.cpu_user_pct, Some(55.0));
+        assert_eq!(s.cpu_system_pct, Some(10.0));
+        assert_eq!(s.cpu_iowait_pct, Some(1.0));
+        assert_eq!(s.cpu_idle_pct, Some(34.0));
+        assert_eq!(s.memory_available_bytes, Some(1_876_525_796 * 1024));
+        assert_eq!(
+            s.memory_used_bytes,
+            Some((2_113_389_424 - 1_876_525_796) * 1024)
+        );
+        assert_eq!(
+            (s.load1, s.load5, s.load15),
+            (Some(23.52), Some(22.90), Some(21.97))
+        );
+    }
+
+    /// Two readings of a synthetic one-CPU `stat` holding `cpu_fields`.
+    fn shares_between(before: &str, after: &str) -> NodeSample {
+        let stat = |fields: &str| {
+            format!(
+                "cpu  {fields}\ncpu0 {fields}\nintr 0\nctxt 10\nbtime 1717430400\nprocesses 5\n\
+                 procs_running 1\nprocs_blocked 0\nsoftirq 0 0 0 0 0 0 0 0 0 0 0\n"
+            )
+        };
+        let root = temp_root("proc");
+        let mut sampler = NodeSampler::new(root.path());
+        let mut errors = Vec::new();
+        write(root.path(), STAT, &stat(before));
+        sampler.sample(TS, &mut errors);
+        write(root.path(), STAT, &stat(after));
+        let s = sampler.sample(TS + 1_000_000, &mut errors);
+        assert!(errors.is_empty(), "{errors:?}");
+        s
+    }
+
+    fn shares(s: &NodeSample) -> [Option<f32>; 4] {
+        [
+            s.cpu_user_pct,
+            s.cpu_system_pct,
+            s.cpu_iowait_pct,
+            s.cpu_idle_pct,
+        ]
+    }
+
+    #[test]
+    fn guest_time_is_not_counted_twice() {
+        // Δ: user 250 (of which guest 100), system 50, idle 200 → Δtotal 500, not 600.
+        let s = shares_between(
+            "100 0 50 800 10 0 0 0 40 0",
+            "350 0 100 1000 10 0 0 0 140 0",
+        );
+        assert_eq!(shares(&s), [Some(50.0), Some(10.0), Some(0.0), Some(40.0)]);
+    }
+
+    #[test]
+    fn steal_counts_in_the_total_but_in_no_share() {
+        // Δ: user 300, system 100, idle 500, steal 100 → Δtotal 1000.
+        let s = shares_between("0 0 0 0 0 0 0 0 0 0", "300 0 100 500 0 0 0 100 0 0");
+        assert_eq!(shares(&s), [Some(30.0), Some(10.0), Some(0.0), Some(50.0)]);
+    }
+
+    #[test]
+    fn a_counter_going_backwards_gives_no_shares_then_recovers() {
+        let backwards = shares_between(
+            "1000 0 100 5000 50 0 0 0 0 0",
+            "1100 0 100 5100 40 0 0 0 0 0",
+        );
+        assert_eq!(shares(&backwards), [None; 4]);
+
+        // The reading after the drop is the new baseline.
+        let root = temp_root("proc");
+        let mut sampler = NodeSampler::new(root.path());
+        let mut errors = Vec::new();
+        sampler.sample(TS, &mut errors);
+        let mut lower = fixture_text("proc", STAT);
+        lower = lower.replacen("cpu  416699676 ", "cpu  416699000 ", 1);
+        write(root.path(), STAT, &lower);
+        assert_eq!(
+            shares(&sampler.sample(TS + 1_000_000, &mut errors)),
+            [None; 4]
+        );
+        let raised = lower.replacen(
+            "cpu  416699000 365035 54608094 146625695 ",
+            "cpu  416699100 365035 54608094 146625795 ",
+            1,
+        );
+        write(root.path(), STAT, &raised);
+        let s = sampler.sample(TS + 2_000_000, &mut errors);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(shares(&s), [Some(50.0), Some(0.0), Some(0.0), Some(50.0)]);
+    }
+
+    #[test]
+    fn no_time_passing_gives_no_shares() {
+        let s = shares_between("100 0 50 800 10 0 0 0 0 0", "100 0 50 800 10 0 0 0 0 0");
+        assert_eq!(shares(&s), [None; 4]);
+    }
+
+    #[test]
+    fn empty_stat_is_a_parse_error_and_memory_and_load_are_still_read() {
+        let root = temp_root("proc");
+        write(root.path(), STAT, "");
+        let mut errors = Vec::new();
+        let s = NodeSampler::new(root.path()).sample(TS, &mut errors);
+        assert_eq!(only_parse_error(&errors), root.path().join(STAT));
+        assert_eq!(s.cpu_count, 0);
+        assert_eq!(s.memory_total_bytes, Some(TOTAL_BYTES));
+        assert_eq!(s.memory_available_bytes, Some(AVAILABLE_BYTES));
+        assert_eq!(s.load1, Some(23.41));
+    }
+
+    #[test]
+    fn stat_cut_inside_a_cpu_line_is_a_parse_error() {
+        let root = temp_root("proc");
+        let text = fixture_text("proc", STAT);
+        let cut = text.find("cpu3 ").expect("cpu3 line") + "cpu3 51364897 449".len();
+        write(root.path(), STAT, &text[..cut]);
+        let mut errors = Vec::new();
+        let s = NodeSampler::new(root.path()).sample(TS, &mut errors);
+        assert_eq!(only_parse_error(&errors), root.path().join(STAT));
+        assert_eq!(s.cpu_count, 0);
+        assert_eq!(s.memory_total_bytes, Some(TOTAL_BYTES));
+    }
+
+    #[test]
+    fn a_failed_stat_keeps_the_previous_reading_as_baseline() {
+        let root = temp_root("proc");
+        let mut sampler = NodeSampler::new(root.path());
+        let mut errors = Vec::new();
+        sampler.sample(TS, &mut errors);
+        write(root.path(), STAT, "garbage\n");
+        sampler.sample(TS + 1_000_000, &mut errors);
+        assert_eq!(only_parse_error(&errors), root.path().join(STAT));
+        copy_files("proc-later", root.path());
+        let s = sampler.sample(TS + 2_000_000, &mut errors);
+        assert_eq!(shares(&s), [Some(55.0), Some(10.0), Some(1.0), Some(34.0)]);
+    }
+
+    #[test]
+    fn meminfo_cut_mid_line_is_a_parse_error_and_cpu_is_still_read() {
+        let root = temp_root("proc");
+        let text = fixture_text("proc", MEMINFO);
+        let cut = text.find("MemAvailable").expect("MemAvailable line") + "MemAvail".len();
+        write(root.path(), MEMINFO, &text[..cut]);
+        let mut errors = Vec::new();
+        let s = NodeSampler::new(root.path()).sample(TS, &mut errors);
+        assert_eq!(only_parse_error(&errors), root.path().join(MEMINFO));
+        assert_eq!(s.memory_total_bytes, None);
+        assert_eq!(s.memory_used_bytes, None);
+        assert_eq!(s.cpu_count, 8);
+        assert_eq!(s.load15, Some(21.96));
+    }
+
+    #[test]
+    fn meminfo_without_memavailable_sets_only_the_total() {
+        let root = temp_root("proc");
+        let text: String = fixture_text("proc", MEMINFO)
+            .lines()
+            .filter(|l| !l.starts_with("MemAvailable:"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        write(root.path(), MEMINFO, &text);
+        let mut errors = Vec::new();
+        let s = NodeSampler::new(root.path()).sample(TS, &mut errors);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(s.memory_total_bytes, Some(TOTAL_BYTES));
+        assert_eq!(s.memory_available_bytes, None);
+        assert_eq!(s.memory_used_bytes, None);
+    }
+
+    #[test]
+    fn garbage_meminfo_is_an_error_not_a_panic() {
+        let full = fixture_text("proc", MEMINFO);
+        for garbage in [
+            // procfs would slice the name inside 'ö'.
+            format!("{full}Foö 1 kB\n"),
+            // 2^54 KiB does not fit in u64 bytes.
+            full.replacen(
+                "MemTotal:       2113389424 kB",
+                "MemTotal: 18014398509481984 kB",
+                1,
+            ),
+            "\u{0}\u{1}\u{2}".to_owned(),
+            "MemTotal: many kB\n".to_owned(),
+        ] {
+            let root = temp_root("proc");
+            write(root.path(), MEMINFO, &garbage);
+            let mut errors = Vec::new();
+            let s = NodeSampler::new(root.path()).sample(TS, &mut errors);
+            assert_eq!(
+                only_parse_error(&errors),
+                root.path().join(MEMINFO),
+                "{garbage:?}"
+            );
+            assert_eq!(s.memory_total_bytes, None);
+        }
+    }
+
+    #[test]
+    fn missing_loadavg_is_a_read_error_naming_it() {
+        let root = temp_root("proc");
+        fs::remove_file(root.path().join(LOADAVG)).expect("remove loadavg");
+        let mut errors = Vec::new();
+        let s = NodeSampler::new(root.path()).sample(TS, &mut errors);
+        match errors.as_slice() {
+            [SampleError::Read { path, source }] => {
+                assert_eq!(*path, root.path().join(LOADAVG));
+                assert_eq!(source.kind(), std::io::ErrorKind::NotFound);
+            }
+            other => panic!("expected one read error, got {other:?}"),
+        }
+        assert_eq!((s.load1, s.load5, s.load15), (None, None, None));
+        assert_eq!(s.cpu_count, 8);
+        assert_eq!(s.memory_total_bytes, Some(TOTAL_BYTES));
+    }
+
+    #[test]
+    fn truncated_loadavg_is_a_parse_error() {
+        let root = temp_root("proc");
+        write(root.path(), LOADAVG, "23.41 22.8");
+        let mut errors = Vec::new();
+        let s = NodeSampler::new(root.path()).sample(TS, &mut errors);
+        assert_eq!(only_parse_error(&errors), root.path().join(LOADAVG));
+        assert_eq!(s.load1, None);
+    }
+
+    #[test]
+    fn parse_errors_name_the_file_and_say_what_is_wrong() {
+        let root = temp_root("proc");
+        write(root.path(), STAT, "");
+        let mut errors = Vec::new();
+        NodeSampler::new(root.path()).sample(TS, &mut errors);
+        let message = errors.first().map(ToString::to_string).unwrap_or_default();
+        assert_eq!(
+            message,
+            format!(
+                "cannot parse {}: the file is empty",
+                root.path().join(STAT).display()
+            )
+        );
+    }
+}
