@@ -1,0 +1,237 @@
+//! Helpers for gputel's end-to-end tests: where the built programs and
+//! fixtures are, running the collector and agent as real processes, and
+//! asking the real DuckDB CLI about what they wrote.
+//!
+//! The programs are found next to the test executable (`target/<profile>/`);
+//! build them first with `cargo build --workspace` (the project's test command
+//! does).
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// The workspace's root directory.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_owned()
+}
+
+/// `tests/fixtures/<name>`.
+pub fn fixture(name: &str) -> PathBuf {
+    workspace_root().join("tests/fixtures").join(name)
+}
+
+/// The directory holding the built programs: the test executable's grandparent.
+fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("test executable lives in target/<profile>/deps")
+        .to_owned()
+}
+
+fn built(file: &str) -> PathBuf {
+    let path = target_dir().join(file);
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo build --workspace` before the tests (scripts/test does)",
+        path.display()
+    );
+    path
+}
+
+/// The `gputel-agent` program.
+pub fn agent_bin() -> PathBuf {
+    built("gputel-agent")
+}
+
+/// The `gputel-collector` program.
+pub fn collector_bin() -> PathBuf {
+    built("gputel-collector")
+}
+
+/// The fake NVML library (`tests/fake-nvml`).
+pub fn fake_nvml() -> PathBuf {
+    built("libgputel_fake_nvml.so")
+}
+
+/// Environment variable naming the fake NVML's scenario file.
+pub const SCENARIO_ENV: &str = "GPUTEL_FAKE_NVML_SCENARIO";
+
+/// A child process killed when dropped, so a failing test leaves nothing behind.
+#[derive(Debug)]
+pub struct Running {
+    child: Option<Child>,
+    /// stderr lines, as the process writes them.
+    stderr: mpsc::Receiver<String>,
+    /// Every stderr line seen so far.
+    pub log: Vec<String>,
+}
+
+impl Running {
+    /// Starts `cmd` with stderr piped and read line by line on a thread.
+    pub fn spawn(mut cmd: Command) -> Running {
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Running {
+            child: Some(child),
+            stderr: rx,
+            log: Vec::new(),
+        }
+    }
+
+    /// Reads stderr until a line contains `needle`; returns that line.
+    pub fn wait_for_log(&mut self, needle: &str, timeout: Duration) -> String {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.stderr.recv_timeout(left) {
+                Ok(line) => {
+                    self.log.push(line.clone());
+                    if line.contains(needle) {
+                        return line;
+                    }
+                }
+                Err(_) => panic!(
+                    "no log line with {needle:?} within {timeout:?}; log so far:\n{}",
+                    self.log.join("\n")
+                ),
+            }
+        }
+    }
+
+    /// Sends SIGTERM and waits for the process to exit; returns its stdout.
+    pub fn terminate(self, timeout: Duration) -> Output {
+        let child = self.child.as_ref().expect("running");
+        let status = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -TERM failed");
+        self.wait(timeout)
+    }
+
+    /// Waits for the process to exit by itself; returns its output.
+    pub fn wait(mut self, timeout: Duration) -> Output {
+        let mut child = self.child.take().expect("running");
+        let deadline = std::time::Instant::now() + timeout;
+        while child.try_wait().expect("try_wait").is_none() {
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                self.drain_log();
+                panic!(
+                    "process did not exit within {timeout:?}; log:\n{}",
+                    self.log.join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let output = child.wait_with_output().expect("wait_with_output");
+        self.drain_log();
+        output
+    }
+
+    fn drain_log(&mut self) {
+        while let Ok(line) = self.stderr.recv_timeout(Duration::from_millis(200)) {
+            self.log.push(line);
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A collector on `127.0.0.1:0` writing to `store`; returns it and its address.
+pub fn start_collector(store: &Path, extra_args: &[&str]) -> (Running, String) {
+    let mut cmd = Command::new(collector_bin());
+    cmd.args(["--listen", "127.0.0.1:0", "--store"])
+        .arg(store)
+        .args(extra_args)
+        .env("RUST_LOG", "info");
+    let mut collector = Running::spawn(cmd);
+    let line = collector.wait_for_log("listening on ", Duration::from_secs(30));
+    let addr = line
+        .split("listening on ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_owned();
+    (collector, addr)
+}
+
+/// The DuckDB CLI: `$GPUTEL_DUCKDB`, else `duckdb` on PATH.
+pub fn duckdb_bin() -> PathBuf {
+    let path = std::env::var_os("GPUTEL_DUCKDB")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("duckdb"));
+    let found = Command::new(&path)
+        .arg("-version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        found,
+        "the DuckDB CLI ({}) is not installed: scripts/test installs it (pip install duckdb-cli)",
+        path.display()
+    );
+    path
+}
+
+/// Runs `sql` in DuckDB with `dir` as the working directory and returns the
+/// rows as JSON objects.
+pub fn duckdb(dir: &Path, sql: &str) -> Vec<serde_json::Map<String, serde_json::Value>> {
+    let out = Command::new(duckdb_bin())
+        .current_dir(dir)
+        .args(["-json", "-c", sql])
+        .output()
+        .expect("run duckdb");
+    assert!(
+        out.status.success(),
+        "duckdb failed on {sql:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    if text.trim().is_empty() {
+        return Vec::new();
+    }
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("duckdb printed {text:?}: {e}"))
+}
+
+/// One value from a one-row, one-column query.
+pub fn duckdb_value(dir: &Path, sql: &str) -> serde_json::Value {
+    let rows = duckdb(dir, sql);
+    assert_eq!(rows.len(), 1, "{sql}: {rows:?}");
+    let row = &rows[0];
+    assert_eq!(row.len(), 1, "{sql}: {row:?}");
+    row.values().next().cloned().expect("one column")
+}
+
+/// `read_parquet` over a table of the store, with hive partitions.
+pub fn table_scan(store: &Path, table: &str) -> String {
+    format!(
+        "read_parquet('{}/{table}/**/*.parquet', hive_partitioning = true)",
+        store.display()
+    )
+}
