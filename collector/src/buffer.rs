@@ -28,7 +28,10 @@ pub struct WriteBuffer {
 impl std::fmt::Debug for WriteBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WriteBuffer")
-            .field("partitions", &(self.gpu.len() + self.node.len() + self.ib.len()))
+            .field(
+                "partitions",
+                &(self.gpu.len() + self.node.len() + self.ib.len()),
+            )
             .field("rows", &self.rows)
             .finish()
     }
@@ -39,10 +42,16 @@ impl WriteBuffer {
     pub fn append(&mut self, node: &str, batch: ValidBatch<'_>) {
         let batch = batch.get();
         for s in &batch.gpu {
-            self.gpu.entry(partition(s.ts_us)).or_default().push(node, s);
+            self.gpu
+                .entry(partition(s.ts_us))
+                .or_default()
+                .push(node, s);
         }
         for s in &batch.node {
-            self.node.entry(partition(s.ts_us)).or_default().push(node, s);
+            self.node
+                .entry(partition(s.ts_us))
+                .or_default()
+                .push(node, s);
         }
         for s in &batch.ib {
             self.ib.entry(partition(s.ts_us)).or_default().push(node, s);
@@ -77,7 +86,11 @@ fn finish_all<R: Rows>(
     out: &mut Vec<(Table, PartitionKey, RecordBatch)>,
 ) -> Result<(), ArrowError> {
     for (key, mut rows) in std::mem::take(partitions) {
-        out.push((table, key, RecordBatch::try_new(table.schema(), rows.finish())?));
+        out.push((
+            table,
+            key,
+            RecordBatch::try_new(table.schema(), rows.finish())?,
+        ));
     }
     Ok(())
 }
@@ -151,7 +164,8 @@ impl GpuRows {
         self.gpu.append_value(i32_of(s.gpu));
         self.uuid.append_value(&s.uuid);
         self.model.append_value(&s.model);
-        self.temperature_c.append_option(s.temperature_c.map(i32_of));
+        self.temperature_c
+            .append_option(s.temperature_c.map(i32_of));
         self.memory_temperature_c
             .append_option(s.memory_temperature_c.map(i32_of));
         self.power_mw.append_option(s.power_mw.map(i64::from));
@@ -162,12 +176,13 @@ impl GpuRows {
         self.gpu_util_pct.append_option(s.gpu_util_pct.map(i32_of));
         self.memory_copy_util_pct
             .append_option(s.memory_copy_util_pct.map(i32_of));
-        self.fb_used_bytes.append_option(s.fb_used_bytes.map(i64_of));
-        self.fb_free_bytes.append_option(s.fb_free_bytes.map(i64_of));
+        self.fb_used_bytes
+            .append_option(s.fb_used_bytes.map(i64_of));
+        self.fb_free_bytes
+            .append_option(s.fb_free_bytes.map(i64_of));
         self.fb_total_bytes
             .append_option(s.fb_total_bytes.map(i64_of));
     }
-
 }
 
 impl Rows for GpuRows {
@@ -248,7 +263,6 @@ impl NodeRows {
         self.load5.append_option(s.load5);
         self.load15.append_option(s.load15);
     }
-
 }
 
 impl Rows for NodeRows {
@@ -326,7 +340,6 @@ impl IbRows {
         self.xmit_packets_per_s.append_option(s.xmit_packets_per_s);
         self.rcv_packets_per_s.append_option(s.rcv_packets_per_s);
     }
-
 }
 
 impl Rows for IbRows {

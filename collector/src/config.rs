@@ -122,7 +122,9 @@ impl Config {
             log: s.log.unwrap_or_else(|| "info".to_owned()),
         };
         if config.flush_interval.is_zero() {
-            return Err(ConfigError::Invalid("flush-interval must be above zero".into()));
+            return Err(ConfigError::Invalid(
+                "flush-interval must be above zero".into(),
+            ));
         }
         if config.flush_rows == 0 {
             return Err(ConfigError::Invalid("flush-rows must be above zero".into()));

@@ -100,21 +100,23 @@ impl Flusher {
             .format("%Y%m%dT%H%M%SZ");
         let stem = format!("{stamp}-{}-{:06}", self.instance, self.next_unit);
         self.next_unit += 1;
-        let files = match buffer.take() {
-            Ok(batches) => batches
-                .into_iter()
-                .filter_map(|(table, key, batch)| {
-                    PartitionPath::new(table, key, &stem)
-                        .map(|path| (path, batch))
-                        .map_err(|e| error!(error = %e, "bad file name"))
-                        .ok()
-                })
-                .collect(),
+        let batches = match buffer.take() {
+            Ok(batches) => batches,
             Err(e) => {
-                error!(error = %e, "rows could not be assembled into Arrow batches; they are dropped");
-                Vec::new()
+                // Builders that match their schema cannot fail to assemble; if
+                // they ever do, these batches are not acknowledged.
+                error!(error = %e, "rows could not be assembled into Arrow batches; their batches stay unacknowledged");
+                return;
             }
         };
+        let files = batches
+            .into_iter()
+            .map(|(table, key, batch)| {
+                // The stem is built from hex digits, digits and dashes.
+                let path = PartitionPath::new(table, key, &stem).expect("valid file stem");
+                (path, batch)
+            })
+            .collect();
         self.queue.push_back(FlushUnit {
             files,
             acks: taken.acks,

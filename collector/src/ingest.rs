@@ -12,7 +12,7 @@ use gputel_proto::v1::{Ack, Reject, Welcome};
 use gputel_proto::{AgentMessage, CollectorMessage, agent_message, collector_message};
 use tokio::sync::{Notify, mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Code, Request, Response, Status, Streaming};
 use tracing::{debug, info, warn};
 
 use crate::buffer::WriteBuffer;
@@ -186,10 +186,7 @@ impl Session {
                 kind: Some(agent_message::Kind::Hello(hello)),
             }))) => hello,
             Ok(Ok(None)) => return,
-            Ok(Err(status)) => {
-                debug!(peer = %self.peer, %status, "stream failed before hello");
-                return;
-            }
+            Ok(Err(status)) => return self.end_with(status).await,
             Ok(Ok(Some(_))) => {
                 return self
                     .fail(Status::failed_precondition(
@@ -238,7 +235,7 @@ impl Session {
                 }
                 Ok(None) => break,
                 Err(status) => {
-                    debug!(peer = %self.peer, %status, "stream ended");
+                    self.end_with(status).await;
                     break;
                 }
             }
@@ -302,6 +299,18 @@ impl Session {
                     shared.flush_now.notify_one();
                 }
             }
+        }
+    }
+
+    /// A message could not be received. A message that could not be decoded
+    /// (too large, malformed) is the agent's to hear about; a connection that
+    /// went away is not worth more than a debug line.
+    async fn end_with(&self, status: Status) {
+        match status.code() {
+            Code::OutOfRange | Code::Internal | Code::InvalidArgument | Code::ResourceExhausted => {
+                self.fail(status).await;
+            }
+            _ => debug!(peer = %self.peer, %status, "stream ended"),
         }
     }
 

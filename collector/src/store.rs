@@ -22,7 +22,9 @@ pub enum StoreError {
         #[source]
         source: object_store::Error,
     },
-    #[error("{store} is not a store URL this build supports ({source}); use a local directory or file:// URL")]
+    #[error(
+        "{store} is not a store URL this build supports ({source}); use a local directory or file:// URL"
+    )]
     Url {
         store: String,
         #[source]

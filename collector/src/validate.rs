@@ -268,7 +268,10 @@ mod tests {
     fn each_bad_value_is_named() {
         let mut b = batch();
         b.seq = 0;
-        assert_eq!(validate_batch(&b, NOW).unwrap_err(), ValidationError::ZeroSeq);
+        assert_eq!(
+            validate_batch(&b, NOW).unwrap_err(),
+            ValidationError::ZeroSeq
+        );
 
         let mut b = batch();
         b.gpu[0].ts_us = NOW + MAX_FUTURE_US + 1;
@@ -284,7 +287,11 @@ mod tests {
         b.node[0].ts_us = MIN_TS_US - 1;
         assert!(matches!(
             validate_batch(&b, NOW),
-            Err(ValidationError::Timestamp { table: "node", row: 0, .. })
+            Err(ValidationError::Timestamp {
+                table: "node",
+                row: 0,
+                ..
+            })
         ));
 
         let mut b = batch();

@@ -1,0 +1,753 @@
+//! The files the collector writes, read back with the `parquet` crate: path
+//! layout, sort order, physical layout (encodings, compression, statistics,
+//! bloom filters, sorting metadata) and exact values, nulls included.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::Path;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{
+    Float32Type, Float64Type, Int32Type, Int64Type, TimestampMicrosecondType,
+};
+use arrow_array::{Array, RecordBatch};
+use arrow_schema::DataType;
+use gputel_collector::buffer::WriteBuffer;
+use gputel_collector::persist::write_file;
+use gputel_collector::validate::validate_batch;
+use gputel_proto::{Batch, GpuSample, IbPortSample, NodeSample};
+use gputel_schemas::{PartitionPath, Table};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::basic::{CompressionCodec, Encoding, LogicalType, TimeUnit};
+use parquet::file::metadata::SortingColumn;
+use parquet::file::properties::ReaderProperties;
+use parquet::file::reader::FileReader;
+use parquet::file::serialized_reader::{ReadOptionsBuilder, SerializedFileReader};
+use parquet::file::statistics::Statistics;
+
+/// 2026-11-21T05:59:55Z
+const H5A: i64 = 1_795_240_795_000_000;
+/// 2026-11-21T05:59:59.999999Z, the last microsecond of hour 05.
+const H5B: i64 = 1_795_240_799_999_999;
+/// 2026-11-21T06:00:00Z, the first microsecond of hour 06.
+const H6A: i64 = 1_795_240_800_000_000;
+/// 2026-11-21T06:00:05Z
+const H6B: i64 = 1_795_240_805_000_000;
+/// The collector's clock for validation.
+const NOW: i64 = H6B + 60_000_000;
+
+const STEM: &str = "20261121T060105Z-test-000001";
+
+// Rows are identified by an id that every value of the row derives from, so a
+// row that moved, lost a value or swapped a value with another row shows up.
+
+/// A GPU row; id 3 is a GPU whose optional readings are all unset.
+fn gpu(id: u32, gpu: u32, ts_us: i64) -> GpuSample {
+    let set = id != 3;
+    GpuSample {
+        ts_us,
+        gpu,
+        uuid: format!("GPU-{id:04}"),
+        model: if gpu == 0 {
+            "NVIDIA H100 80GB HBM3".into()
+        } else {
+            "NVIDIA A100-SXM4-80GB".into()
+        },
+        temperature_c: set.then_some(40 + id),
+        memory_temperature_c: set.then_some(50 + id),
+        power_mw: set.then_some(300_000 + id),
+        // Above 2^32: must survive as a 64-bit integer.
+        energy_mj: set.then_some(9_000_000_000_000 + u64::from(id)),
+        sm_clock_mhz: set.then_some(1_980 - id),
+        memory_clock_mhz: set.then_some(2_619),
+        // Zero is a value, not an absence.
+        gpu_util_pct: set.then_some(if id == 1 { 0 } else { id }),
+        memory_copy_util_pct: set.then_some(id * 2),
+        fb_used_bytes: set.then_some(u64::from(id) << 30),
+        fb_free_bytes: set.then_some((80 - u64::from(id)) << 30),
+        fb_total_bytes: set.then_some(80 << 30),
+    }
+}
+
+/// A node row; id 22 is a first tick (no CPU shares yet, no load average).
+fn node(id: u32, ts_us: i64) -> NodeSample {
+    let first = id == 22;
+    let pct = |v: f32| if first { None } else { Some(v) };
+    NodeSample {
+        ts_us,
+        cpu_count: 64 + id,
+        cpu_user_pct: pct(id as f32 + 0.5),
+        cpu_system_pct: pct(id as f32 + 0.25),
+        cpu_iowait_pct: pct(0.0),
+        cpu_idle_pct: pct(100.0 - id as f32 - 0.75),
+        memory_total_bytes: Some(2_u64 << 40),
+        memory_used_bytes: Some(u64::from(id) << 30),
+        memory_available_bytes: Some((2_u64 << 40) - (u64::from(id) << 30)),
+        load1: pct(id as f32 / 4.0),
+        load5: pct(id as f32 / 8.0),
+        load15: None,
+    }
+}
+
+/// An IB port row; id 30 is a first tick (no rates), id 32 a port that is down.
+fn ib(id: u32, device: &str, port: u32, ts_us: i64) -> IbPortSample {
+    let rates = id != 30;
+    let up = id != 32;
+    let rate = |v: f64| if rates && up { Some(v) } else { None };
+    IbPortSample {
+        ts_us,
+        device: device.into(),
+        port,
+        state: if up { "ACTIVE" } else { "DOWN" }.into(),
+        rate_gbps: up.then_some(400.0),
+        xmit_bytes: up.then_some(u64::from(id) * 1_000_000_007),
+        rcv_bytes: up.then_some(u64::from(id) * 2_000_000_011),
+        xmit_packets: up.then_some(u64::from(id) * 1_000),
+        rcv_packets: up.then_some(u64::from(id) * 2_000),
+        xmit_bytes_per_s: rate(f64::from(id) * 1.5e9),
+        rcv_bytes_per_s: rate(f64::from(id) * 0.25e9),
+        xmit_packets_per_s: rate(f64::from(id) + 0.125),
+        rcv_packets_per_s: rate(0.0),
+    }
+}
+
+/// Two nodes' batches, each out of order, spanning the 05→06 hour boundary.
+/// node-b is appended first so that, in every partition, its strings get the
+/// lower dictionary keys: sorting by key instead of by value would show.
+fn batches() -> Vec<(&'static str, Batch)> {
+    vec![
+        (
+            "node-b",
+            Batch {
+                seq: 1,
+                gpu: vec![
+                    gpu(1, 1, H6B),
+                    gpu(2, 1, H5B),
+                    gpu(3, 0, H6A),
+                    gpu(4, 0, H5A),
+                    gpu(5, 1, H6A),
+                    gpu(6, 0, H5B),
+                ],
+                node: vec![node(20, H6A), node(21, H5A)],
+                ib: vec![
+                    ib(33, "mlx5_1", 1, H6A),
+                    ib(34, "mlx5_0", 2, H6A),
+                    ib(35, "mlx5_0", 1, H6A),
+                ],
+            },
+        ),
+        (
+            "node-a",
+            Batch {
+                seq: 1,
+                gpu: vec![gpu(7, 0, H6B), gpu(8, 1, H5A), gpu(9, 0, H6A)],
+                node: vec![node(22, H5B)],
+                ib: vec![
+                    ib(30, "mlx5_0", 1, H6B),
+                    ib(31, "mlx5_0", 1, H6A),
+                    ib(32, "mlx5_1", 1, H6A),
+                ],
+            },
+        ),
+    ]
+}
+
+/// Writes `batches()` into a fresh store through the write buffer and the
+/// persister, as one flush does.
+async fn write_store(dir: &Path) {
+    let store =
+        gputel_collector::store::open(dir.to_str().expect("utf-8 temp path")).expect("open store");
+    let inputs = batches();
+    let mut buffer = WriteBuffer::default();
+    for (node, batch) in &inputs {
+        buffer.append(
+            node,
+            validate_batch(batch, NOW).expect("test rows are valid"),
+        );
+    }
+    assert_eq!(buffer.rows(), 9 + 3 + 6);
+    for (table, key, batch) in buffer.take().expect("buffer assembles") {
+        let path = PartitionPath::new(table, key, STEM).expect("valid stem");
+        write_file(store.as_ref(), &path, &batch)
+            .await
+            .expect("write file");
+    }
+    assert_eq!(buffer.rows(), 0);
+}
+
+/// Every file under `dir`, as `/`-separated paths relative to it.
+fn files_under(dir: &Path) -> Vec<String> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).expect("read dir") {
+            let path = entry.expect("dir entry").path();
+            if path.is_dir() {
+                walk(root, &path, out);
+            } else {
+                let rel = path.strip_prefix(root).expect("under root");
+                let parts: Vec<_> = rel.iter().map(|p| p.to_string_lossy()).collect();
+                out.push(parts.join("/"));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}
+
+fn read_batch(path: &Path) -> RecordBatch {
+    let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(path).expect("open"))
+        .expect("parquet footer")
+        .build()
+        .expect("reader");
+    let batches: Vec<RecordBatch> = reader.collect::<Result<_, _>>().expect("decode");
+    let schema = batches.first().expect("at least one batch").schema();
+    arrow_select::concat::concat_batches(&schema, &batches).expect("concat")
+}
+
+fn strings(batch: &RecordBatch, name: &str) -> Vec<String> {
+    let col = batch.column_by_name(name).expect(name);
+    let dict = col.as_dictionary::<Int32Type>();
+    let values = dict.values().as_string::<i32>();
+    assert_eq!(dict.null_count(), 0, "{name}");
+    dict.keys()
+        .values()
+        .iter()
+        .map(|k| values.value(usize::try_from(*k).expect("key")).to_owned())
+        .collect()
+}
+
+fn i32s(batch: &RecordBatch, name: &str) -> Vec<Option<i32>> {
+    let col = batch.column_by_name(name).expect(name);
+    col.as_primitive::<Int32Type>().iter().collect()
+}
+
+fn i64s(batch: &RecordBatch, name: &str) -> Vec<Option<i64>> {
+    let col = batch.column_by_name(name).expect(name);
+    col.as_primitive::<Int64Type>().iter().collect()
+}
+
+fn f32s(batch: &RecordBatch, name: &str) -> Vec<Option<f32>> {
+    let col = batch.column_by_name(name).expect(name);
+    col.as_primitive::<Float32Type>().iter().collect()
+}
+
+fn f64s(batch: &RecordBatch, name: &str) -> Vec<Option<f64>> {
+    let col = batch.column_by_name(name).expect(name);
+    col.as_primitive::<Float64Type>().iter().collect()
+}
+
+fn timestamps(batch: &RecordBatch) -> Vec<i64> {
+    let col = batch.column_by_name("ts").expect("ts");
+    let ts = col.as_primitive::<TimestampMicrosecondType>();
+    assert_eq!(ts.null_count(), 0);
+    ts.values().to_vec()
+}
+
+fn path_of(table: &str, hour: &str) -> String {
+    format!("{table}/date=2026-11-21/hour={hour}/{STEM}.parquet")
+}
+
+#[tokio::test]
+async fn files_land_in_exactly_the_expected_partitions_and_nothing_else() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_store(dir.path()).await;
+    // Only the five files, under their hive paths; no staging or temporary
+    // file is left behind by the atomic write.
+    assert_eq!(
+        files_under(dir.path()),
+        vec![
+            path_of("gpu", "05"),
+            path_of("gpu", "06"),
+            path_of("ib", "06"),
+            path_of("node", "05"),
+            path_of("node", "06"),
+        ]
+    );
+    for file in files_under(dir.path()) {
+        let parsed = PartitionPath::parse(&file).expect("path parses");
+        assert_eq!(parsed.to_string(), file);
+        assert_eq!(parsed.stem(), STEM);
+    }
+}
+
+#[tokio::test]
+async fn gpu_rows_round_trip_sorted_by_node_gpu_ts_with_nulls_kept() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_store(dir.path()).await;
+
+    /// One file's rows in the expected order.
+    struct Want {
+        hour: &'static str,
+        ids: &'static [u32],
+        nodes: &'static [&'static str],
+        gpus: &'static [i32],
+        ts: &'static [i64],
+    }
+    let expected = [
+        Want {
+            hour: "05",
+            ids: &[8, 4, 6, 2],
+            nodes: &["node-a", "node-b", "node-b", "node-b"],
+            gpus: &[1, 0, 0, 1],
+            ts: &[H5A, H5A, H5B, H5B],
+        },
+        Want {
+            hour: "06",
+            ids: &[9, 7, 3, 5, 1],
+            nodes: &["node-a", "node-a", "node-b", "node-b", "node-b"],
+            gpus: &[0, 0, 0, 1, 1],
+            ts: &[H6A, H6B, H6A, H6A, H6B],
+        },
+    ];
+    for Want {
+        hour,
+        ids,
+        nodes,
+        gpus,
+        ts,
+    } in expected
+    {
+        let batch = read_batch(&dir.path().join(path_of("gpu", hour)));
+        assert_eq!(batch.schema(), Table::Gpu.schema(), "hour {hour}");
+        assert_eq!(timestamps(&batch), ts, "hour {hour}");
+        assert_eq!(strings(&batch, "node"), nodes, "hour {hour}");
+        assert_eq!(
+            i32s(&batch, "gpu"),
+            gpus.iter().map(|g| Some(*g)).collect::<Vec<_>>()
+        );
+        // Every other value derives from the row's id.
+        let want: Vec<GpuSample> = ids
+            .iter()
+            .zip(gpus)
+            .zip(ts)
+            .map(|((id, g), ts)| gpu(*id, u32::try_from(*g).expect("gpu"), *ts))
+            .collect();
+        let col32 = |f: fn(&GpuSample) -> Option<u32>| -> Vec<Option<i32>> {
+            want.iter()
+                .map(|s| f(s).map(|v| i32::try_from(v).expect("fits")))
+                .collect()
+        };
+        let col64 = |f: fn(&GpuSample) -> Option<u64>| -> Vec<Option<i64>> {
+            want.iter()
+                .map(|s| f(s).map(|v| i64::try_from(v).expect("fits")))
+                .collect()
+        };
+        assert_eq!(
+            strings(&batch, "uuid"),
+            ids.iter()
+                .map(|id| format!("GPU-{id:04}"))
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(
+            strings(&batch, "model"),
+            want.iter().map(|s| s.model.clone()).collect::<Vec<_>>()
+        );
+        assert_eq!(i32s(&batch, "temperature_c"), col32(|s| s.temperature_c));
+        assert_eq!(
+            i32s(&batch, "memory_temperature_c"),
+            col32(|s| s.memory_temperature_c)
+        );
+        assert_eq!(
+            i64s(&batch, "power_mw"),
+            want.iter()
+                .map(|s| s.power_mw.map(i64::from))
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(i64s(&batch, "energy_mj"), col64(|s| s.energy_mj));
+        assert_eq!(i32s(&batch, "sm_clock_mhz"), col32(|s| s.sm_clock_mhz));
+        assert_eq!(
+            i32s(&batch, "memory_clock_mhz"),
+            col32(|s| s.memory_clock_mhz)
+        );
+        assert_eq!(i32s(&batch, "gpu_util_pct"), col32(|s| s.gpu_util_pct));
+        assert_eq!(
+            i32s(&batch, "memory_copy_util_pct"),
+            col32(|s| s.memory_copy_util_pct)
+        );
+        assert_eq!(i64s(&batch, "fb_used_bytes"), col64(|s| s.fb_used_bytes));
+        assert_eq!(i64s(&batch, "fb_free_bytes"), col64(|s| s.fb_free_bytes));
+        assert_eq!(i64s(&batch, "fb_total_bytes"), col64(|s| s.fb_total_bytes));
+    }
+
+    // Spot checks written out literally, so the helpers above cannot hide a
+    // shared mistake: row id 3 (hour 06, third row) has every reading unset
+    // and reads back as nulls, not zeros; row id 1 reports 0 % utilisation.
+    let h6 = read_batch(&dir.path().join(path_of("gpu", "06")));
+    assert_eq!(
+        i32s(&h6, "temperature_c"),
+        vec![Some(49), Some(47), None, Some(45), Some(41)]
+    );
+    assert_eq!(
+        i64s(&h6, "power_mw"),
+        vec![
+            Some(300_009),
+            Some(300_007),
+            None,
+            Some(300_005),
+            Some(300_001)
+        ]
+    );
+    assert_eq!(
+        i64s(&h6, "energy_mj"),
+        vec![
+            Some(9_000_000_000_009),
+            Some(9_000_000_000_007),
+            None,
+            Some(9_000_000_000_005),
+            Some(9_000_000_000_001)
+        ]
+    );
+    assert_eq!(
+        i32s(&h6, "gpu_util_pct"),
+        vec![Some(9), Some(7), None, Some(5), Some(0)]
+    );
+    assert_eq!(
+        i64s(&h6, "fb_total_bytes"),
+        vec![
+            Some(85_899_345_920),
+            Some(85_899_345_920),
+            None,
+            Some(85_899_345_920),
+            Some(85_899_345_920)
+        ]
+    );
+    for column in ["memory_temperature_c", "sm_clock_mhz", "memory_clock_mhz"] {
+        assert_eq!(i32s(&h6, column)[2], None, "{column}");
+    }
+}
+
+#[tokio::test]
+async fn node_rows_round_trip_sorted_by_node_ts_with_nulls_kept() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_store(dir.path()).await;
+
+    let h5 = read_batch(&dir.path().join(path_of("node", "05")));
+    assert_eq!(h5.schema(), Table::Node.schema());
+    assert_eq!(timestamps(&h5), vec![H5B, H5A]);
+    assert_eq!(strings(&h5, "node"), vec!["node-a", "node-b"]);
+    assert_eq!(i32s(&h5, "cpu_count"), vec![Some(86), Some(85)]);
+    // node-a's row is a first tick: CPU shares and load are absent, not 0.
+    assert_eq!(f32s(&h5, "cpu_user_pct"), vec![None, Some(21.5)]);
+    assert_eq!(f32s(&h5, "cpu_system_pct"), vec![None, Some(21.25)]);
+    assert_eq!(f32s(&h5, "cpu_iowait_pct"), vec![None, Some(0.0)]);
+    assert_eq!(f32s(&h5, "cpu_idle_pct"), vec![None, Some(78.25)]);
+    assert_eq!(
+        i64s(&h5, "memory_total_bytes"),
+        vec![Some(2_199_023_255_552), Some(2_199_023_255_552)]
+    );
+    assert_eq!(
+        i64s(&h5, "memory_used_bytes"),
+        vec![Some(22 << 30), Some(21 << 30)]
+    );
+    assert_eq!(
+        i64s(&h5, "memory_available_bytes"),
+        vec![
+            Some(2_199_023_255_552 - (22 << 30)),
+            Some(2_199_023_255_552 - (21 << 30))
+        ]
+    );
+    assert_eq!(f32s(&h5, "load1"), vec![None, Some(5.25)]);
+    assert_eq!(f32s(&h5, "load5"), vec![None, Some(2.625)]);
+    assert_eq!(f32s(&h5, "load15"), vec![None, None]);
+
+    let h6 = read_batch(&dir.path().join(path_of("node", "06")));
+    assert_eq!(timestamps(&h6), vec![H6A]);
+    assert_eq!(strings(&h6, "node"), vec!["node-b"]);
+    assert_eq!(i32s(&h6, "cpu_count"), vec![Some(84)]);
+    assert_eq!(f32s(&h6, "cpu_user_pct"), vec![Some(20.5)]);
+    assert_eq!(f32s(&h6, "cpu_idle_pct"), vec![Some(79.25)]);
+    assert_eq!(f32s(&h6, "load1"), vec![Some(5.0)]);
+    assert_eq!(f32s(&h6, "load15"), vec![None]);
+}
+
+#[tokio::test]
+async fn ib_rows_round_trip_sorted_by_node_device_port_ts_with_nulls_kept() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_store(dir.path()).await;
+
+    let b = read_batch(&dir.path().join(path_of("ib", "06")));
+    assert_eq!(b.schema(), Table::Ib.schema());
+    // ids in order: 31, 30, 32, 35, 34, 33
+    assert_eq!(timestamps(&b), vec![H6A, H6B, H6A, H6A, H6A, H6A]);
+    assert_eq!(
+        strings(&b, "node"),
+        vec!["node-a", "node-a", "node-a", "node-b", "node-b", "node-b"]
+    );
+    assert_eq!(
+        strings(&b, "device"),
+        vec!["mlx5_0", "mlx5_0", "mlx5_1", "mlx5_0", "mlx5_0", "mlx5_1"]
+    );
+    assert_eq!(
+        i32s(&b, "port"),
+        vec![Some(1), Some(1), Some(1), Some(1), Some(2), Some(1)]
+    );
+    assert_eq!(
+        strings(&b, "state"),
+        vec!["ACTIVE", "ACTIVE", "DOWN", "ACTIVE", "ACTIVE", "ACTIVE"]
+    );
+    assert_eq!(
+        f64s(&b, "rate_gbps"),
+        vec![
+            Some(400.0),
+            Some(400.0),
+            None,
+            Some(400.0),
+            Some(400.0),
+            Some(400.0)
+        ]
+    );
+    assert_eq!(
+        i64s(&b, "xmit_bytes"),
+        vec![
+            Some(31_000_000_217),
+            Some(30_000_000_210),
+            None,
+            Some(35_000_000_245),
+            Some(34_000_000_238),
+            Some(33_000_000_231)
+        ]
+    );
+    assert_eq!(
+        i64s(&b, "rcv_bytes"),
+        vec![
+            Some(62_000_000_341),
+            Some(60_000_000_330),
+            None,
+            Some(70_000_000_385),
+            Some(68_000_000_374),
+            Some(66_000_000_363)
+        ]
+    );
+    assert_eq!(
+        i64s(&b, "xmit_packets"),
+        vec![
+            Some(31_000),
+            Some(30_000),
+            None,
+            Some(35_000),
+            Some(34_000),
+            Some(33_000)
+        ]
+    );
+    assert_eq!(
+        i64s(&b, "rcv_packets"),
+        vec![
+            Some(62_000),
+            Some(60_000),
+            None,
+            Some(70_000),
+            Some(68_000),
+            Some(66_000)
+        ]
+    );
+    // id 30 is a first tick and id 32 is down: no rates, which is not a rate of 0.
+    assert_eq!(
+        f64s(&b, "xmit_bytes_per_s"),
+        vec![
+            Some(46.5e9),
+            None,
+            None,
+            Some(52.5e9),
+            Some(51e9),
+            Some(49.5e9)
+        ]
+    );
+    assert_eq!(
+        f64s(&b, "rcv_bytes_per_s"),
+        vec![
+            Some(7.75e9),
+            None,
+            None,
+            Some(8.75e9),
+            Some(8.5e9),
+            Some(8.25e9)
+        ]
+    );
+    assert_eq!(
+        f64s(&b, "xmit_packets_per_s"),
+        vec![
+            Some(31.125),
+            None,
+            None,
+            Some(35.125),
+            Some(34.125),
+            Some(33.125)
+        ]
+    );
+    assert_eq!(
+        f64s(&b, "rcv_packets_per_s"),
+        vec![Some(0.0), None, None, Some(0.0), Some(0.0), Some(0.0)]
+    );
+}
+
+/// The encoding a column's data pages must use, from its Arrow type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expect {
+    Delta,
+    ByteStreamSplit,
+    Dictionary,
+}
+
+fn expected_encoding(data_type: &DataType) -> Expect {
+    match data_type {
+        DataType::Int32 | DataType::Int64 | DataType::Timestamp(_, _) => Expect::Delta,
+        DataType::Float32 | DataType::Float64 => Expect::ByteStreamSplit,
+        DataType::Dictionary(_, value) if **value == DataType::Utf8 => Expect::Dictionary,
+        other => panic!("no encoding expectation for column type {other}; add one"),
+    }
+}
+
+#[tokio::test]
+async fn physical_layout_matches_the_design() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_store(dir.path()).await;
+
+    /// What each file holds: rows, the nodes present, and the ts range.
+    struct Facts {
+        table: Table,
+        hour: &'static str,
+        rows: i64,
+        nodes: &'static [&'static str],
+        ts_min: i64,
+        ts_max: i64,
+    }
+    let facts = |table, hour, rows, nodes, ts_min, ts_max| Facts {
+        table,
+        hour,
+        rows,
+        nodes,
+        ts_min,
+        ts_max,
+    };
+    let files = [
+        facts(Table::Gpu, "05", 4, &["node-a", "node-b"], H5A, H5B),
+        facts(Table::Gpu, "06", 5, &["node-a", "node-b"], H6A, H6B),
+        facts(Table::Node, "05", 2, &["node-a", "node-b"], H5A, H5B),
+        facts(Table::Node, "06", 1, &["node-b"], H6A, H6A),
+        facts(Table::Ib, "06", 6, &["node-a", "node-b"], H6A, H6B),
+    ];
+    let sort_key_indices: BTreeMap<Table, Vec<i32>> = BTreeMap::from([
+        (Table::Gpu, vec![1, 2, 0]),
+        (Table::Node, vec![1, 0]),
+        (Table::Ib, vec![1, 2, 3, 0]),
+    ]);
+    assert_eq!(Table::Gpu.bloom_filter_columns(), &["node"]);
+
+    for Facts {
+        table,
+        hour,
+        rows,
+        nodes,
+        ts_min,
+        ts_max,
+    } in files
+    {
+        let name = path_of(table.name(), hour);
+        let reader = SerializedFileReader::new_with_options(
+            File::open(dir.path().join(&name)).expect("open"),
+            ReadOptionsBuilder::new()
+                .with_reader_properties(
+                    ReaderProperties::builder()
+                        .set_read_bloom_filter(true)
+                        .build(),
+                )
+                .build(),
+        )
+        .expect("parquet footer");
+        let meta = reader.metadata();
+        assert_eq!(meta.file_metadata().num_rows(), rows, "{name}");
+        assert_eq!(meta.num_row_groups(), 1, "{name}");
+        let descr = meta.file_metadata().schema_descr();
+
+        // ts: TIMESTAMP(MICROS, isAdjustedToUTC=true), so DuckDB reads TIMESTAMPTZ.
+        assert_eq!(descr.column(0).name(), "ts");
+        assert_eq!(
+            descr.column(0).logical_type_ref(),
+            Some(&LogicalType::timestamp(true, TimeUnit::MICROS)),
+            "{name}"
+        );
+
+        let group = meta.row_group(0);
+        assert_eq!(group.num_rows(), rows, "{name}");
+        let want_sorting: Vec<SortingColumn> = sort_key_indices[&table]
+            .iter()
+            .map(|&column_idx| SortingColumn {
+                column_idx,
+                descending: false,
+                nulls_first: false,
+            })
+            .collect();
+        assert_eq!(group.sorting_columns(), Some(&want_sorting), "{name}");
+
+        let schema = table.schema();
+        assert_eq!(group.num_columns(), schema.fields().len(), "{name}");
+        let group_reader = reader.get_row_group(0).expect("row group");
+        for (idx, field) in schema.fields().iter().enumerate() {
+            let chunk = group.column(idx);
+            let what = format!("{name} column {}", field.name());
+            assert_eq!(chunk.column_path().string(), *field.name(), "{what}");
+            assert_eq!(chunk.compression_codec(), CompressionCodec::ZSTD, "{what}");
+            let pages = chunk
+                .page_encoding_stats_mask()
+                .unwrap_or_else(|| panic!("{what}: no page encoding stats"));
+            let encodings: Vec<Encoding> = chunk.encodings().collect();
+            match expected_encoding(field.data_type()) {
+                Expect::Delta => {
+                    assert!(
+                        pages.is_only(Encoding::DELTA_BINARY_PACKED),
+                        "{what}: {encodings:?}"
+                    );
+                    assert_eq!(chunk.dictionary_page_offset(), None, "{what}");
+                    assert!(
+                        !encodings.contains(&Encoding::RLE_DICTIONARY)
+                            && !encodings.contains(&Encoding::PLAIN_DICTIONARY),
+                        "{what}: {encodings:?}"
+                    );
+                }
+                Expect::ByteStreamSplit => {
+                    assert!(
+                        pages.is_only(Encoding::BYTE_STREAM_SPLIT),
+                        "{what}: {encodings:?}"
+                    );
+                    assert_eq!(chunk.dictionary_page_offset(), None, "{what}");
+                }
+                Expect::Dictionary => {
+                    assert!(
+                        pages.is_only(Encoding::RLE_DICTIONARY),
+                        "{what}: {encodings:?}"
+                    );
+                    assert!(chunk.dictionary_page_offset().is_some(), "{what}");
+                }
+            }
+            let bloom = table
+                .bloom_filter_columns()
+                .contains(&field.name().as_str());
+            assert_eq!(
+                group_reader.get_column_bloom_filter(idx).is_some(),
+                bloom,
+                "{what}: bloom filter"
+            );
+        }
+
+        // Statistics on ts let readers skip row groups and pages by time.
+        match group.column(0).statistics() {
+            Some(Statistics::Int64(s)) => {
+                assert_eq!(s.min_opt(), Some(&ts_min), "{name}");
+                assert_eq!(s.max_opt(), Some(&ts_max), "{name}");
+                assert_eq!(s.null_count_opt(), Some(0), "{name}");
+            }
+            other => panic!("{name}: ts statistics are {other:?}"),
+        }
+
+        // The bloom filter on node answers for the nodes in the file. The
+        // hash is deterministic, so the absent name is a stable negative.
+        let filter = group_reader
+            .get_column_bloom_filter(1)
+            .unwrap_or_else(|| panic!("{name}: no bloom filter on node"));
+        for node in ["node-a", "node-b"] {
+            assert_eq!(filter.check(node), nodes.contains(&node), "{name}: {node}");
+        }
+        assert!(!filter.check("gpu-node-017"), "{name}");
+    }
+}

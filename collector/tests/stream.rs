@@ -1,0 +1,665 @@
+//! The agent stream, end to end in one process: a real tonic client against
+//! the collector's service on 127.0.0.1, writing Parquet into a temp dir.
+//! Covers the handshake, cumulative acks after durability, deduplication
+//! across reconnects, rejects, refused streams, message size limits and the
+//! flush-then-close shutdown.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Int32Type, TimestampMicrosecondType};
+use gputel_collector::clock::Clock;
+use gputel_collector::flush::Flusher;
+use gputel_collector::ingest::{IngestService, Shared};
+use gputel_proto::v1::telemetry_client::TelemetryClient;
+use gputel_proto::v1::telemetry_server::TelemetryServer;
+use gputel_proto::v1::{Ack, Reject, Welcome};
+use gputel_proto::{
+    AgentMessage, Batch, CollectorMessage, GpuSample, Hello, NodeSample, agent_message,
+    collector_message,
+};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use prost::Message;
+use tempfile::TempDir;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tonic::transport::{Channel, Endpoint, Server};
+use tonic::{Code, Status, Streaming};
+
+/// Bound on every wait in these tests.
+const WAIT: Duration = Duration::from_secs(10);
+/// The collector's (manual) clock: 2026-11-21T06:30:00Z.
+const NOW: i64 = 1_795_242_600_000_000;
+/// 1990-01-01T00:00:00Z: a node whose RTC battery died.
+const Y1990: i64 = 631_152_000_000_000;
+/// Long enough that the timer never fires during a test: flushes happen only
+/// when the buffer reaches `flush_rows`, or at shutdown.
+const NEVER: Duration = Duration::from_secs(3600);
+
+async fn within<F: Future>(what: &str, f: F) -> F::Output {
+    tokio::time::timeout(WAIT, f)
+        .await
+        .unwrap_or_else(|_| panic!("timed out after {WAIT:?}: {what}"))
+}
+
+/// Polls a condition on shared state (no signal exists for "batch appended").
+async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    within(what, async {
+        while !cond() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+}
+
+/// The collector's pieces wired as `gputel_collector::run` wires them, on a
+/// listener bound before serving, with a manual clock.
+struct Collector {
+    addr: SocketAddr,
+    dir: TempDir,
+    shared: Arc<Shared>,
+    stop_flush: watch::Sender<bool>,
+    close_streams: watch::Sender<bool>,
+    server_stop: watch::Sender<bool>,
+    flushing: JoinHandle<()>,
+    server: JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+impl Collector {
+    async fn start(flush_rows: usize, max_message_bytes: usize) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = gputel_collector::store::open(dir.path().to_str().expect("utf-8 temp path"))
+            .expect("open store");
+        let clock = Clock::Manual(Arc::new(AtomicI64::new(NOW)));
+        let shared = Arc::new(Shared::new(flush_rows, clock.clone()));
+        let (stop_flush, stop_flush_rx) = watch::channel(false);
+        let (close_streams, close_streams_rx) = watch::channel(false);
+        let flusher = Flusher::new(Arc::clone(&shared), store, clock);
+        let flushing = tokio::spawn(flusher.run(NEVER, stop_flush_rx));
+
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("local addr");
+        let service =
+            TelemetryServer::new(IngestService::new(Arc::clone(&shared), close_streams_rx))
+                .max_decoding_message_size(max_message_bytes);
+        let (server_stop, mut server_stop_rx) = watch::channel(false);
+        let server = tokio::spawn(
+            Server::builder()
+                .add_service(service)
+                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
+                    let _ = server_stop_rx.wait_for(|s| *s).await;
+                }),
+        );
+        Self {
+            addr,
+            dir,
+            shared,
+            stop_flush,
+            close_streams,
+            server_stop,
+            flushing,
+            server,
+        }
+    }
+
+    async fn channel(&self) -> Channel {
+        let endpoint = Endpoint::from_shared(format!("http://{}", self.addr)).expect("endpoint");
+        within("connect", endpoint.connect())
+            .await
+            .expect("connect")
+    }
+
+    fn store(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Step one of shutdown: the last flush, as `run` does it.
+    async fn stop_flushing(&mut self) {
+        self.stop_flush.send(true).expect("flusher alive");
+        within("last flush", &mut self.flushing)
+            .await
+            .expect("flush task");
+    }
+
+    /// Step two: close the streams and stop the server.
+    async fn stop_serving(self) -> TempDir {
+        let _ = self.close_streams.send(true);
+        let _ = self.server_stop.send(true);
+        within("server stops", self.server)
+            .await
+            .expect("server task")
+            .expect("server result");
+        self.dir
+    }
+
+    async fn shutdown(mut self) -> TempDir {
+        self.stop_flushing().await;
+        self.stop_serving().await
+    }
+}
+
+/// One agent stream: what it sends and what it receives.
+struct Agent {
+    tx: mpsc::Sender<AgentMessage>,
+    rx: Streaming<CollectorMessage>,
+}
+
+impl Agent {
+    async fn open(channel: Channel) -> Self {
+        let (tx, rx) = mpsc::channel(16);
+        let mut client = TelemetryClient::new(channel);
+        let response = within("stream opens", client.stream(ReceiverStream::new(rx)))
+            .await
+            .expect("stream opens");
+        Self {
+            tx,
+            rx: response.into_inner(),
+        }
+    }
+
+    /// Opens a stream and completes the handshake; returns the welcome.
+    async fn connect(channel: Channel, node: &str, agent_id: &str) -> (Self, Welcome) {
+        let mut agent = Self::open(channel).await;
+        agent.send(hello(node, agent_id)).await;
+        let welcome = match agent.next().await {
+            Ok(Some(collector_message::Kind::Welcome(w))) => w,
+            other => panic!("expected a welcome, got {other:?}"),
+        };
+        (agent, welcome)
+    }
+
+    async fn send(&self, message: AgentMessage) {
+        within("send", self.tx.send(message))
+            .await
+            .expect("request stream open");
+    }
+
+    async fn send_batch(&self, batch: Batch) {
+        self.send(AgentMessage {
+            kind: Some(agent_message::Kind::Batch(batch)),
+        })
+        .await;
+    }
+
+    async fn next(&mut self) -> Result<Option<collector_message::Kind>, Status> {
+        let message = within("next collector message", self.rx.message()).await?;
+        Ok(message.map(|m| m.kind.expect("collector messages carry a kind")))
+    }
+
+    async fn expect_ack(&mut self, seq: u64) {
+        match self.next().await {
+            Ok(Some(collector_message::Kind::Ack(ack))) => assert_eq!(ack, Ack { seq }),
+            other => panic!("expected Ack {{ seq: {seq} }}, got {other:?}"),
+        }
+    }
+
+    async fn expect_reject(&mut self, seq: u64, reason: &str) {
+        match self.next().await {
+            Ok(Some(collector_message::Kind::Reject(reject))) => assert_eq!(
+                reject,
+                Reject {
+                    seq,
+                    reason: reason.to_owned()
+                }
+            ),
+            other => panic!("expected Reject {{ seq: {seq} }}, got {other:?}"),
+        }
+    }
+
+    async fn expect_status(&mut self, code: Code, message: &str) {
+        match self.next().await {
+            Err(status) => {
+                assert_eq!(status.code(), code, "{status:?}");
+                assert_eq!(status.message(), message, "{status:?}");
+            }
+            other => panic!("expected status {code:?} {message:?}, got {other:?}"),
+        }
+    }
+
+    /// The collector ended the stream cleanly.
+    async fn expect_end(&mut self) {
+        match self.next().await {
+            Ok(None) => {}
+            other => panic!("expected the stream to end, got {other:?}"),
+        }
+    }
+
+    /// Closes the request side, as an agent does when it goes away, and waits
+    /// for the collector to end the stream.
+    async fn close(self) {
+        let Self { tx, mut rx } = self;
+        drop(tx);
+        match within("stream ends", rx.message()).await {
+            Ok(None) => {}
+            other => panic!("expected the stream to end, got {other:?}"),
+        }
+    }
+}
+
+fn hello(node: &str, agent_id: &str) -> AgentMessage {
+    AgentMessage {
+        kind: Some(agent_message::Kind::Hello(Hello {
+            node: node.into(),
+            agent_id: agent_id.into(),
+            agent_version: "0.1.0".into(),
+            boot_id: "6b0c3e63-3f0d-4d7e-9a8c-2c1f5f0e7d11".into(),
+        })),
+    }
+}
+
+/// Row `i` of batch `seq`: its uuid names both, so stored rows can be traced
+/// back to the batch they came from.
+fn gpu_row(seq: u64, i: u32) -> GpuSample {
+    GpuSample {
+        ts_us: ts_of(seq),
+        gpu: i,
+        uuid: format!("GPU-{seq}-{i}"),
+        model: "NVIDIA H100 80GB HBM3".into(),
+        temperature_c: Some(40 + i),
+        ..Default::default()
+    }
+}
+
+fn ts_of(seq: u64) -> i64 {
+    NOW - 600_000_000 + i64::try_from(seq).expect("small seq") * 1_000_000
+}
+
+fn gpu_batch(seq: u64, rows: u32) -> Batch {
+    Batch {
+        seq,
+        gpu: (0..rows).map(|i| gpu_row(seq, i)).collect(),
+        ..Default::default()
+    }
+}
+
+/// Every `.parquet` file of `table` in the store.
+fn parquet_files(store: &Path, table: &str) -> Vec<std::path::PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries {
+            let path = entry.expect("dir entry").path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else {
+                out.push(path);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(&store.join(table), &mut out);
+    for path in &out {
+        assert_eq!(
+            path.extension().and_then(|e| e.to_str()),
+            Some("parquet"),
+            "stray file {}",
+            path.display()
+        );
+    }
+    out.sort();
+    out
+}
+
+/// Stored GPU rows as (node, uuid, gpu, ts), sorted: which rows landed, each once.
+fn stored_gpu_rows(store: &Path) -> Vec<(String, String, i32, i64)> {
+    let mut rows = Vec::new();
+    for path in parquet_files(store, "gpu") {
+        let file = std::fs::File::open(&path).expect("open");
+        let reader = ParquetRecordBatchReaderBuilder::try_new(file)
+            .expect("parquet footer")
+            .build()
+            .expect("reader");
+        for batch in reader {
+            let batch = batch.expect("decode");
+            let dict = |name: &str| -> Vec<String> {
+                let d = batch
+                    .column_by_name(name)
+                    .expect(name)
+                    .as_dictionary::<Int32Type>();
+                let values = d.values().as_string::<i32>();
+                d.keys()
+                    .values()
+                    .iter()
+                    .map(|k| values.value(usize::try_from(*k).expect("key")).to_owned())
+                    .collect()
+            };
+            let nodes = dict("node");
+            let uuids = dict("uuid");
+            let gpus = batch
+                .column_by_name("gpu")
+                .expect("gpu")
+                .as_primitive::<Int32Type>();
+            let ts = batch
+                .column_by_name("ts")
+                .expect("ts")
+                .as_primitive::<TimestampMicrosecondType>();
+            for i in 0..batch.num_rows() {
+                rows.push((
+                    nodes[i].clone(),
+                    uuids[i].clone(),
+                    gpus.value(i),
+                    ts.value(i),
+                ));
+            }
+        }
+    }
+    rows.sort();
+    rows
+}
+
+/// The rows `gpu_batch(seq, n)` from `node` should store.
+fn expected_rows(node: &str, batches: &[(u64, u32)]) -> Vec<(String, String, i32, i64)> {
+    let mut rows: Vec<_> = batches
+        .iter()
+        .flat_map(|&(seq, n)| {
+            (0..n).map(move |i| {
+                (
+                    node.to_owned(),
+                    format!("GPU-{seq}-{i}"),
+                    i32::try_from(i).expect("small"),
+                    ts_of(seq),
+                )
+            })
+        })
+        .collect();
+    rows.sort();
+    rows
+}
+
+fn welcome(durable_seq: u64) -> Welcome {
+    Welcome {
+        durable_seq,
+        collector_version: env!("CARGO_PKG_VERSION").to_owned(),
+    }
+}
+
+#[tokio::test]
+async fn welcome_then_one_cumulative_ack_once_the_rows_are_in_parquet() {
+    // Three one-row batches fill the buffer: the flush follows the third.
+    let collector = Collector::start(3, gputel_proto::DEFAULT_MAX_MESSAGE_BYTES).await;
+    let (mut agent, hello) = Agent::connect(collector.channel().await, "node-a", "agent-a").await;
+    assert_eq!(hello, welcome(0));
+
+    for seq in 1..=3 {
+        agent.send_batch(gpu_batch(seq, 1)).await;
+    }
+    // Acks are cumulative and sent only after the write: exactly one, for 3.
+    agent.expect_ack(3).await;
+    assert_eq!(
+        stored_gpu_rows(collector.store()),
+        expected_rows("node-a", &[(1, 1), (2, 1), (3, 1)])
+    );
+    assert_eq!(parquet_files(collector.store(), "gpu").len(), 1);
+    assert_eq!(collector.shared.buffered_rows(), 0);
+
+    agent.close().await;
+    collector.shutdown().await;
+}
+
+#[tokio::test]
+async fn after_a_reconnect_the_welcome_carries_the_durable_seq_and_resends_are_dropped() {
+    let collector = Collector::start(3, gputel_proto::DEFAULT_MAX_MESSAGE_BYTES).await;
+    let (mut first, hello) = Agent::connect(collector.channel().await, "node-a", "agent-a").await;
+    assert_eq!(hello, welcome(0));
+    for seq in 1..=3 {
+        first.send_batch(gpu_batch(seq, 1)).await;
+    }
+    first.expect_ack(3).await;
+    first.close().await;
+
+    // A new connection, as after a network outage.
+    let (mut second, hello) = Agent::connect(collector.channel().await, "node-a", "agent-a").await;
+    assert_eq!(hello, welcome(3));
+    // An agent that missed the ack resends; each duplicate of a durable batch
+    // is answered with the durable seq and stored nowhere.
+    second.send_batch(gpu_batch(2, 1)).await;
+    second.expect_ack(3).await;
+    second.send_batch(gpu_batch(3, 1)).await;
+    second.expect_ack(3).await;
+    assert_eq!(collector.shared.buffered_rows(), 0);
+    assert_eq!(collector.shared.stats.duplicates.load(Ordering::Relaxed), 2);
+    assert_eq!(
+        stored_gpu_rows(collector.store()),
+        expected_rows("node-a", &[(1, 1), (2, 1), (3, 1)])
+    );
+
+    // The stream carries on with new batches.
+    second.send_batch(gpu_batch(4, 3)).await;
+    second.expect_ack(4).await;
+    assert_eq!(
+        stored_gpu_rows(collector.store()),
+        expected_rows("node-a", &[(1, 1), (2, 1), (3, 1), (4, 3)])
+    );
+
+    second.close().await;
+    collector.shutdown().await;
+}
+
+#[tokio::test]
+async fn batches_received_but_not_yet_durable_are_not_stored_twice_after_a_reconnect() {
+    let collector = Collector::start(4, gputel_proto::DEFAULT_MAX_MESSAGE_BYTES).await;
+    let (first, _) = Agent::connect(collector.channel().await, "node-a", "agent-a").await;
+    for seq in 1..=3 {
+        first.send_batch(gpu_batch(seq, 1)).await;
+    }
+    let shared = Arc::clone(&collector.shared);
+    wait_until("3 rows buffered", || shared.buffered_rows() == 3).await;
+    // The agent goes away before any ack: the rows are buffered, not durable.
+    first.close().await;
+
+    let (mut second, hello) = Agent::connect(collector.channel().await, "node-a", "agent-a").await;
+    assert_eq!(hello, welcome(0));
+    // It resends everything unacknowledged, then a new batch that fills the buffer.
+    for seq in 1..=3 {
+        second.send_batch(gpu_batch(seq, 1)).await;
+    }
+    second.send_batch(gpu_batch(4, 1)).await;
+    // The ack for the earlier stream's rows reaches the new stream.
+    second.expect_ack(4).await;
+    assert_eq!(collector.shared.stats.duplicates.load(Ordering::Relaxed), 3);
+    assert_eq!(
+        stored_gpu_rows(collector.store()),
+        expected_rows("node-a", &[(1, 1), (2, 1), (3, 1), (4, 1)])
+    );
+
+    second.close().await;
+    collector.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_invalid_batch_is_rejected_with_its_reason_and_the_stream_carries_on() {
+    let collector = Collector::start(2, gputel_proto::DEFAULT_MAX_MESSAGE_BYTES).await;
+    let (mut agent, _) = Agent::connect(collector.channel().await, "node-a", "agent-a").await;
+
+    let mut dead_rtc = gpu_batch(1, 1);
+    dead_rtc.gpu[0].ts_us = Y1990;
+    agent.send_batch(dead_rtc).await;
+    agent
+        .expect_reject(
+            1,
+            "gpu row 0: timestamp 631152000000000 µs is outside the accepted window \
+             (2000-01-01 to one day after the collector's clock); check the node's clock",
+        )
+        .await;
+
+    // One bad value refuses the whole batch, its valid GPU row included.
+    let mut nan_load = gpu_batch(2, 1);
+    nan_load.node = vec![NodeSample {
+        ts_us: ts_of(2),
+        cpu_count: 64,
+        load1: Some(f32::NAN),
+        ..Default::default()
+    }];
+    agent.send_batch(nan_load).await;
+    agent
+        .expect_reject(2, "node row 0: load1 is not a finite number")
+        .await;
+
+    agent.send_batch(gpu_batch(3, 2)).await;
+    agent.expect_ack(3).await;
+    assert_eq!(
+        stored_gpu_rows(collector.store()),
+        expected_rows("node-a", &[(3, 2)])
+    );
+    assert_eq!(
+        parquet_files(collector.store(), "node"),
+        Vec::<std::path::PathBuf>::new()
+    );
+    assert_eq!(collector.shared.stats.rejected.load(Ordering::Relaxed), 2);
+
+    agent.close().await;
+    collector.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_stream_that_does_not_open_with_a_hello_fails_precondition() {
+    let collector = Collector::start(1, gputel_proto::DEFAULT_MAX_MESSAGE_BYTES).await;
+    let mut agent = Agent::open(collector.channel().await).await;
+    agent.send_batch(gpu_batch(1, 1)).await;
+    agent
+        .expect_status(
+            Code::FailedPrecondition,
+            "the first message on a stream must be a hello",
+        )
+        .await;
+    assert_eq!(collector.shared.buffered_rows(), 0);
+    assert_eq!(stored_gpu_rows(collector.store()), Vec::new());
+    collector.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_hello_with_a_path_as_node_name_is_an_invalid_argument() {
+    let collector = Collector::start(1, gputel_proto::DEFAULT_MAX_MESSAGE_BYTES).await;
+    let mut agent = Agent::open(collector.channel().await).await;
+    agent.send(hello("../etc", "agent-a")).await;
+    agent
+        .expect_status(
+            Code::InvalidArgument,
+            "node name \"../etc\" is invalid: use 1 to 253 characters of [A-Za-z0-9._-]",
+        )
+        .await;
+
+    // A second hello on a fresh stream that names a bad agent id.
+    let mut agent = Agent::open(collector.channel().await).await;
+    agent.send(hello("node-a", "a/b")).await;
+    agent
+        .expect_status(
+            Code::InvalidArgument,
+            "agent id \"a/b\" is invalid: use 1 to 128 characters of [A-Za-z0-9._-]",
+        )
+        .await;
+    collector.shutdown().await;
+}
+
+const SIZE_LIMIT: usize = 64 * 1024;
+
+/// A batch one byte-ish over `SIZE_LIMIT` once encoded, and its encoded length.
+fn oversized_batch() -> (AgentMessage, usize) {
+    let mut batch = gpu_batch(1, 1);
+    batch.gpu[0].model = "x".repeat(SIZE_LIMIT);
+    let message = AgentMessage {
+        kind: Some(agent_message::Kind::Batch(batch)),
+    };
+    let len = message.encoded_len();
+    assert!(len > SIZE_LIMIT);
+    (message, len)
+}
+
+#[tokio::test]
+async fn an_oversized_message_ends_its_own_stream_and_no_other() {
+    let collector = Collector::start(1, SIZE_LIMIT).await;
+    let (mut bystander, hello_b) =
+        Agent::connect(collector.channel().await, "node-b", "agent-b").await;
+    assert_eq!(hello_b, welcome(0));
+
+    let channel_a = collector.channel().await;
+    let (mut big, _) = Agent::connect(channel_a.clone(), "node-a", "agent-a").await;
+    big.send(oversized_batch().0).await;
+    // The stream ends (how it ends is the next test's business) and nothing
+    // of the oversized batch is kept.
+    match big.next().await {
+        Ok(None) | Err(_) => {}
+        Ok(Some(kind)) => panic!("expected the oversized stream to end, got {kind:?}"),
+    }
+    assert_eq!(collector.shared.buffered_rows(), 0);
+
+    // The other agent's stream, on its own connection, is untouched.
+    bystander.send_batch(gpu_batch(1, 1)).await;
+    bystander.expect_ack(1).await;
+    // So is the failed agent's connection: a new stream on it works, and the
+    // refused seq 1 was never counted as received.
+    let (mut again, hello_a) = Agent::connect(channel_a, "node-a", "agent-a").await;
+    assert_eq!(hello_a, welcome(0));
+    again.send_batch(gpu_batch(1, 1)).await;
+    again.expect_ack(1).await;
+
+    let mut want = expected_rows("node-b", &[(1, 1)]);
+    want.extend(expected_rows("node-a", &[(1, 1)]));
+    want.sort();
+    assert_eq!(stored_gpu_rows(collector.store()), want);
+
+    bystander.close().await;
+    again.close().await;
+    collector.shutdown().await;
+}
+
+/// A message the collector cannot decode (here one over
+/// `max_decoding_message_size`) ends the stream with the decoder's status, so
+/// the agent learns why instead of seeing a clean end of stream.
+#[tokio::test]
+async fn an_oversized_message_is_answered_with_out_of_range() {
+    let collector = Collector::start(1, SIZE_LIMIT).await;
+    let (mut big, _) = Agent::connect(collector.channel().await, "node-a", "agent-a").await;
+    let (message, len) = oversized_batch();
+    big.send(message).await;
+    match big.next().await {
+        Err(status) => {
+            assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
+            assert_eq!(
+                status.message(),
+                format!(
+                    "Error, decoded message length too large: found {len} bytes, the limit is: {SIZE_LIMIT} bytes"
+                ),
+            );
+        }
+        other => panic!(
+            "the decode error for a {len}-byte message (limit {SIZE_LIMIT}) must reach \
+             the agent as OUT_OF_RANGE, got {other:?}"
+        ),
+    }
+    collector.shutdown().await;
+}
+
+#[tokio::test]
+async fn shutdown_writes_and_acks_buffered_rows_before_closing_streams() {
+    let mut collector = Collector::start(1_000_000, gputel_proto::DEFAULT_MAX_MESSAGE_BYTES).await;
+    let (mut agent, _) = Agent::connect(collector.channel().await, "node-a", "agent-a").await;
+    agent.send_batch(gpu_batch(1, 1)).await;
+    agent.send_batch(gpu_batch(2, 2)).await;
+    let shared = Arc::clone(&collector.shared);
+    wait_until("3 rows buffered", || shared.buffered_rows() == 3).await;
+    // Below the flush threshold and long before the timer: nothing written yet.
+    assert_eq!(stored_gpu_rows(collector.store()), Vec::new());
+
+    collector.stop_flushing().await;
+    assert_eq!(
+        stored_gpu_rows(collector.store()),
+        expected_rows("node-a", &[(1, 1), (2, 2)])
+    );
+    let dir = collector.stop_serving().await;
+    // The ack was queued before the stream closed, and the close is clean.
+    agent.expect_ack(2).await;
+    agent.expect_end().await;
+    assert_eq!(
+        stored_gpu_rows(dir.path()),
+        expected_rows("node-a", &[(1, 1), (2, 2)])
+    );
+}
