@@ -9,7 +9,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut config = tonic_prost_build::configure();
     // Rows serialize to JSON for `gputel-agent --once`.
     for message in ["GpuSample", "NodeSample", "IbPortSample"] {
-        config = config.type_attribute(format!(".gputel.v1.{message}"), "#[derive(serde::Serialize)]");
+        config = config.type_attribute(
+            format!(".gputel.v1.{message}"),
+            "#[derive(serde::Serialize)]",
+        );
     }
     config.compile_fds(descriptors)?;
     Ok(())

@@ -96,7 +96,9 @@ pub async fn run(
                 .await;
                 match ended {
                     Ended::Done => break,
-                    Ended::Lost(e) => warn!(collector = %endpoint.uri(), error = %e, pending = queue.len(), "stream lost; reconnecting"),
+                    Ended::Lost(e) => {
+                        warn!(collector = %endpoint.uri(), error = %e, pending = queue.len(), "stream lost; reconnecting")
+                    }
                 }
             }
             Err(e) => {

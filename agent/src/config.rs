@@ -153,7 +153,9 @@ impl Config {
             log: s.log.unwrap_or_else(|| "info".to_owned()),
         };
         if config.interval < Duration::from_millis(10) {
-            return Err(ConfigError::Invalid("interval must be at least 10ms".into()));
+            return Err(ConfigError::Invalid(
+                "interval must be at least 10ms".into(),
+            ));
         }
         if config.max_pending_batches == 0 {
             return Err(ConfigError::Invalid(
@@ -226,6 +228,9 @@ mod tests {
     fn bad_node_names_are_refused() {
         let cli = Cli::parse_from(["gputel-agent", "--node", "../../etc"]);
         let err = Config::load(&cli).unwrap_err().to_string();
-        assert!(err.starts_with("node name \"../../etc\" is invalid"), "{err}");
+        assert!(
+            err.starts_with("node name \"../../etc\" is invalid"),
+            "{err}"
+        );
     }
 }

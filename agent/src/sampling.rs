@@ -71,9 +71,7 @@ impl Samplers {
             }
         }
         let mut errors = Vec::new();
-        tick.batch
-            .node
-            .push(self.node.sample(ts_us, &mut errors));
+        tick.batch.node.push(self.node.sample(ts_us, &mut errors));
         self.ib.sample(ts_us, &mut tick.batch.ib, &mut errors);
         for e in errors {
             let text = e.to_string();
@@ -148,6 +146,9 @@ mod tests {
         assert_eq!(next_tick(1_000_000, 1_000_000), 2_000_000);
         assert_eq!(next_tick(1_000_001, 1_000_000), 2_000_000);
         assert_eq!(next_tick(1_999_999, 1_000_000), 2_000_000);
-        assert_eq!(next_tick(1_795_240_812_345_678, 15_000_000), 1_795_240_815_000_000);
+        assert_eq!(
+            next_tick(1_795_240_812_345_678, 15_000_000),
+            1_795_240_815_000_000
+        );
     }
 }

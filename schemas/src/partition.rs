@@ -131,7 +131,13 @@ impl PartitionPath {
 
 impl fmt::Display for PartitionPath {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}/{}.parquet", self.table.name(), self.key, self.stem)
+        write!(
+            f,
+            "{}/{}/{}.parquet",
+            self.table.name(),
+            self.key,
+            self.stem
+        )
     }
 }
 

@@ -76,7 +76,10 @@ fn the_default_fake_presents_eight_h100s_with_every_field() {
     // Host and InfiniBand from the fixture trees.
     assert_eq!(snap["node"], json!("gpu-node-017"));
     assert_eq!(snap["host"]["cpu_count"], json!(8));
-    assert_eq!(snap["host"]["memory_total_bytes"], json!(2_164_110_770_176_u64));
+    assert_eq!(
+        snap["host"]["memory_total_bytes"],
+        json!(2_164_110_770_176_u64)
+    );
     assert_eq!(snap["host"]["load1"], json!(23.41));
     let ports = snap["ib_ports"].as_array().expect("ib_ports array");
     assert_eq!(ports.len(), 4);
@@ -94,7 +97,10 @@ fn a_scenario_sets_exact_values_and_unsupported_metrics_are_null() {
     let gpus = snap["gpus"].as_array().expect("gpus array");
     assert_eq!(gpus.len(), 2);
     let h100 = &gpus[0];
-    assert_eq!(h100["uuid"], json!("GPU-3f5b2c1e-8a4d-4e6f-9b7a-1c2d3e4f5a6b"));
+    assert_eq!(
+        h100["uuid"],
+        json!("GPU-3f5b2c1e-8a4d-4e6f-9b7a-1c2d3e4f5a6b")
+    );
     assert_eq!(h100["temperature_c"], json!(62));
     assert_eq!(h100["memory_temperature_c"], json!(70));
     assert_eq!(h100["power_mw"], json!(512_000));
@@ -109,7 +115,10 @@ fn a_scenario_sets_exact_values_and_unsupported_metrics_are_null() {
     );
     // 1e6 mJ at init, then 512 J per second of the snapshot's 50 ms gap and start-up.
     let energy = h100["energy_mj"].as_u64().unwrap();
-    assert!((1_000_000..1_000_000 + 512_000).contains(&energy), "{energy}");
+    assert!(
+        (1_000_000..1_000_000 + 512_000).contains(&energy),
+        "{energy}"
+    );
     let a100 = &gpus[1];
     assert_eq!(a100["model"], json!("NVIDIA A100-SXM4-80GB"));
     assert_eq!(a100["memory_temperature_c"], json!(null));
@@ -130,7 +139,10 @@ fn without_a_driver_the_host_is_still_sampled() {
         "{reason}"
     );
     assert_eq!(snap["gpus"], json!([]));
-    assert_eq!(snap["host"]["memory_total_bytes"], json!(2_164_110_770_176_u64));
+    assert_eq!(
+        snap["host"]["memory_total_bytes"],
+        json!(2_164_110_770_176_u64)
+    );
     assert_eq!(snap["ib_ports"].as_array().map(Vec::len), Some(4));
 }
 
@@ -142,5 +154,8 @@ fn a_driver_that_is_not_running_is_named() {
     let snap = once(&fake_nvml(), Some(&scenario));
     assert_eq!(snap["gpu_status"]["available"], json!(false));
     let reason = snap["gpu_status"]["reason"].as_str().unwrap();
-    assert!(reason.ends_with("is loaded but the driver is not running"), "{reason}");
+    assert!(
+        reason.ends_with("is loaded but the driver is not running"),
+        "{reason}"
+    );
 }

@@ -76,7 +76,11 @@ fn every_row_the_agent_sends_is_queryable_in_duckdb() {
     );
 
     let stopped = collector.terminate(Duration::from_secs(30));
-    assert!(stopped.status.success(), "collector exit: {:?}", stopped.status);
+    assert!(
+        stopped.status.success(),
+        "collector exit: {:?}",
+        stopped.status
+    );
 
     // Exactly the rows the agent had acknowledged, per table, none twice.
     for (table, sent, key) in [

@@ -22,11 +22,15 @@ pub const DEFAULT_NVML_LIB: &str = "libnvidia-ml.so.1";
 /// Why GPUs cannot be sampled on this machine.
 #[derive(Debug, thiserror::Error)]
 pub enum GpuUnavailable {
-    #[error("NVIDIA driver library {lib} could not be loaded ({reason}); is the NVIDIA driver installed?")]
+    #[error(
+        "NVIDIA driver library {lib} could not be loaded ({reason}); is the NVIDIA driver installed?"
+    )]
     NoLibrary { lib: String, reason: String },
     #[error("NVIDIA driver library {lib} is loaded but the driver is not running")]
     DriverNotLoaded { lib: String },
-    #[error("no permission to talk to the NVIDIA driver through {lib}; run as a user that can open /dev/nvidia*")]
+    #[error(
+        "no permission to talk to the NVIDIA driver through {lib}; run as a user that can open /dev/nvidia*"
+    )]
     NoPermission { lib: String },
     #[error("NVML in {lib} failed to start: {source}")]
     Init {
@@ -70,10 +74,7 @@ impl GpuSampler {
     /// Loads NVML from `lib` (default: the system's `libnvidia-ml.so.1`) and
     /// lists the GPUs.
     pub fn open(lib: Option<&Path>) -> Result<Self, GpuUnavailable> {
-        let lib_name = lib.map_or_else(
-            || DEFAULT_NVML_LIB.to_owned(),
-            |p| p.display().to_string(),
-        );
+        let lib_name = lib.map_or_else(|| DEFAULT_NVML_LIB.to_owned(), |p| p.display().to_string());
         let mut builder = Nvml::builder();
         if let Some(path) = lib {
             builder.lib_path(path.as_os_str());
