@@ -65,7 +65,12 @@ fn a_late_and_restarting_collector_loses_and_doubles_nothing() {
         )),
         "{summary}"
     );
-    assert!(collector.terminate(Duration::from_secs(30)).status.success());
+    assert!(
+        collector
+            .terminate(Duration::from_secs(30))
+            .status
+            .success()
+    );
 
     let scan = table_scan(&store, "gpu");
     assert_eq!(
