@@ -15,12 +15,15 @@ pub mod store;
 pub mod validate;
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use gputel_proto::v1::telemetry_server::TelemetryServer;
+use object_store::ObjectStore;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
 use tracing::{info, warn};
 
@@ -57,48 +60,116 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             addr: config.listen,
             source,
         })?;
+    let options = ServeOptions {
+        flush_interval: config.flush_interval,
+        flush_rows: config.flush_rows,
+        max_message_bytes: config.max_message_bytes,
+    };
+    let serving = serve(listener, store, Clock::System, options)?;
+    let addr = serving.local_addr();
+    info!(%addr, store = %config.store, flush_interval = ?config.flush_interval, "listening on {addr}");
+    shutdown.await;
+    info!("shutting down: writing buffered rows");
+    serving.shutdown().await?;
+    info!("stopped");
+    Ok(())
+}
+
+/// The settings [`serve`] needs.
+#[derive(Debug, Clone, Copy)]
+pub struct ServeOptions {
+    pub flush_interval: Duration,
+    pub flush_rows: usize,
+    pub max_message_bytes: usize,
+}
+
+/// Starts the flush loop and the gRPC server on `listener`.
+pub fn serve(
+    listener: TcpListener,
+    store: Arc<dyn ObjectStore>,
+    clock: Clock,
+    options: ServeOptions,
+) -> Result<Serving, RunError> {
     let addr = listener.local_addr().map_err(|source| RunError::Bind {
-        addr: config.listen,
+        addr: SocketAddr::from(([0, 0, 0, 0], 0)),
         source,
     })?;
-    let clock = Clock::System;
-    let shared = Arc::new(Shared::new(config.flush_rows, clock.clone()));
+    let shared = Arc::new(Shared::new(options.flush_rows, clock.clone()));
     let (stop_flush, stop_flush_rx) = watch::channel(false);
     let (close_streams, close_streams_rx) = watch::channel(false);
     let flusher = Flusher::new(Arc::clone(&shared), store, clock);
-    let flushing = tokio::spawn(flusher.run(config.flush_interval, stop_flush_rx));
+    let flushing = tokio::spawn(flusher.run(options.flush_interval, stop_flush_rx));
 
     let service = TelemetryServer::new(IngestService::new(Arc::clone(&shared), close_streams_rx))
-        .max_decoding_message_size(config.max_message_bytes);
-    info!(%addr, store = %config.store, flush_interval = ?config.flush_interval, "listening on {addr}");
-
-    let (server_stop, server_stop_rx) = watch::channel(false);
-    let mut server_stop_rx2 = server_stop_rx.clone();
+        .max_decoding_message_size(options.max_message_bytes);
+    let (server_stop, mut server_stop_rx) = watch::channel(false);
     let server = tokio::spawn(
         tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .add_service(service)
             .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
-                let _ = server_stop_rx2.wait_for(|s| *s).await;
+                let _ = server_stop_rx.wait_for(|s| *s).await;
             }),
     );
-    drop(server_stop_rx);
+    Ok(Serving {
+        addr,
+        shared,
+        stop_flush,
+        close_streams,
+        server_stop,
+        flushing: Some(flushing),
+        server,
+    })
+}
 
-    shutdown.await;
-    info!("shutting down: writing buffered rows");
-    let _ = stop_flush.send(true);
-    if let Err(e) = flushing.await {
-        warn!(error = %e, "flush task failed");
+/// A serving collector. Shutting it down is ordered so that nothing received
+/// is lost: stop taking batches, write what is buffered, acknowledge it, then
+/// close the streams (agents resend whatever was not acknowledged).
+#[derive(Debug)]
+pub struct Serving {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    stop_flush: watch::Sender<bool>,
+    close_streams: watch::Sender<bool>,
+    server_stop: watch::Sender<bool>,
+    flushing: Option<JoinHandle<()>>,
+    server: JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+impl Serving {
+    /// The address the server listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
     }
-    let _ = close_streams.send(true);
-    let _ = server_stop.send(true);
-    match tokio::time::timeout(CLOSE_GRACE, server).await {
-        Ok(Ok(result)) => result?,
-        Ok(Err(e)) => warn!(error = %e, "server task failed"),
-        Err(_) => warn!("streams did not close within {CLOSE_GRACE:?}; stopping anyway"),
+
+    /// State shared by the streams and the flush loop.
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
     }
-    info!("stopped");
-    Ok(())
+
+    /// Stops taking batches, writes what is buffered and sends its
+    /// acknowledgements; the streams stay open.
+    pub async fn finish_writing(&mut self) {
+        let _ = self.stop_flush.send(true);
+        if let Some(flushing) = self.flushing.take()
+            && let Err(e) = flushing.await
+        {
+            warn!(error = %e, "flush task failed");
+        }
+    }
+
+    /// Finishes writing, then closes the streams and stops the server.
+    pub async fn shutdown(mut self) -> Result<(), RunError> {
+        self.finish_writing().await;
+        let _ = self.close_streams.send(true);
+        let _ = self.server_stop.send(true);
+        match tokio::time::timeout(CLOSE_GRACE, self.server).await {
+            Ok(Ok(result)) => result?,
+            Ok(Err(e)) => warn!(error = %e, "server task failed"),
+            Err(_) => warn!("streams did not close within {CLOSE_GRACE:?}; stopping anyway"),
+        }
+        Ok(())
+    }
 }
 
 /// Completes on SIGINT or SIGTERM.

@@ -5,7 +5,6 @@
 //! flush-then-close shutdown.
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -13,11 +12,11 @@ use std::time::Duration;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Int32Type, TimestampMicrosecondType};
+use gputel_collector::ServeOptions;
+use gputel_collector::Serving;
 use gputel_collector::clock::Clock;
-use gputel_collector::flush::Flusher;
-use gputel_collector::ingest::{IngestService, Shared};
+use gputel_collector::ingest::Shared;
 use gputel_proto::v1::telemetry_client::TelemetryClient;
-use gputel_proto::v1::telemetry_server::TelemetryServer;
 use gputel_proto::v1::{Ack, Reject, Welcome};
 use gputel_proto::{
     AgentMessage, Batch, CollectorMessage, GpuSample, Hello, NodeSample, agent_message,
@@ -27,10 +26,9 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use prost::Message;
 use tempfile::TempDir;
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, watch};
-use tokio::task::JoinHandle;
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
-use tonic::transport::{Channel, Endpoint, Server};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status, Streaming};
 
 /// Bound on every wait in these tests.
@@ -59,17 +57,11 @@ async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     .await;
 }
 
-/// The collector's pieces wired as `gputel_collector::run` wires them, on a
-/// listener bound before serving, with a manual clock.
+/// A collector serving on a listener bound before serving, with a manual clock.
 struct Collector {
-    addr: SocketAddr,
+    serving: Serving,
     dir: TempDir,
     shared: Arc<Shared>,
-    stop_flush: watch::Sender<bool>,
-    close_streams: watch::Sender<bool>,
-    server_stop: watch::Sender<bool>,
-    flushing: JoinHandle<()>,
-    server: JoinHandle<Result<(), tonic::transport::Error>>,
 }
 
 impl Collector {
@@ -78,39 +70,24 @@ impl Collector {
         let store = gputel_collector::store::open(dir.path().to_str().expect("utf-8 temp path"))
             .expect("open store");
         let clock = Clock::Manual(Arc::new(AtomicI64::new(NOW)));
-        let shared = Arc::new(Shared::new(flush_rows, clock.clone()));
-        let (stop_flush, stop_flush_rx) = watch::channel(false);
-        let (close_streams, close_streams_rx) = watch::channel(false);
-        let flusher = Flusher::new(Arc::clone(&shared), store, clock);
-        let flushing = tokio::spawn(flusher.run(NEVER, stop_flush_rx));
-
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("local addr");
-        let service =
-            TelemetryServer::new(IngestService::new(Arc::clone(&shared), close_streams_rx))
-                .max_decoding_message_size(max_message_bytes);
-        let (server_stop, mut server_stop_rx) = watch::channel(false);
-        let server = tokio::spawn(
-            Server::builder()
-                .add_service(service)
-                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
-                    let _ = server_stop_rx.wait_for(|s| *s).await;
-                }),
-        );
+        let options = ServeOptions {
+            flush_interval: NEVER,
+            flush_rows,
+            max_message_bytes,
+        };
+        let serving = gputel_collector::serve(listener, store, clock, options).expect("serve");
+        let shared = Arc::clone(serving.shared());
         Self {
-            addr,
+            serving,
             dir,
             shared,
-            stop_flush,
-            close_streams,
-            server_stop,
-            flushing,
-            server,
         }
     }
 
     async fn channel(&self) -> Channel {
-        let endpoint = Endpoint::from_shared(format!("http://{}", self.addr)).expect("endpoint");
+        let endpoint = Endpoint::from_shared(format!("http://{}", self.serving.local_addr()))
+            .expect("endpoint");
         within("connect", endpoint.connect())
             .await
             .expect("connect")
@@ -120,21 +97,15 @@ impl Collector {
         self.dir.path()
     }
 
-    /// Step one of shutdown: the last flush, as `run` does it.
+    /// Step one of shutdown: the last flush and its acks; streams stay open.
     async fn stop_flushing(&mut self) {
-        self.stop_flush.send(true).expect("flusher alive");
-        within("last flush", &mut self.flushing)
-            .await
-            .expect("flush task");
+        within("last flush", self.serving.finish_writing()).await;
     }
 
     /// Step two: close the streams and stop the server.
     async fn stop_serving(self) -> TempDir {
-        let _ = self.close_streams.send(true);
-        let _ = self.server_stop.send(true);
-        within("server stops", self.server)
+        within("server stops", self.serving.shutdown())
             .await
-            .expect("server task")
             .expect("server result");
         self.dir
     }
