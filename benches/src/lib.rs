@@ -1,0 +1,609 @@
+//! Inputs shared by gputel's benchmarks: where the fixture trees and the fake
+//! NVML library are, a simulated cluster that produces the batches agents
+//! send, and the count of metric values in stored rows.
+//!
+//! The simulated cluster is deterministic (a fixed-seed generator), so every
+//! run measures the same bytes.
+
+use std::f64::consts::TAU;
+use std::path::{Path, PathBuf};
+
+use arrow_array::{Array, RecordBatch};
+use arrow_schema::DataType;
+use gputel_collector::buffer::WriteBuffer;
+use gputel_collector::validate::validate_batch;
+use gputel_proto::{Batch, GpuSample, IbPortSample, NodeSample};
+use gputel_schemas::{PartitionKey, Table};
+
+/// 2024-06-12T16:00:00Z, an hour boundary: a simulated hour is one partition.
+pub const START_US: i64 = 1_718_208_000_000_000;
+/// One tick at the default 1 s interval.
+pub const SECOND_US: i64 = 1_000_000;
+/// GPUs on every simulated node (an HGX H100 board).
+pub const GPUS_PER_NODE: u32 = 8;
+/// InfiniBand HCAs on every simulated node, one port each, as in the fixtures.
+pub const IB_PORTS_PER_NODE: usize = 4;
+
+/// Columns that say which row this is rather than what was measured.
+pub const KEY_COLUMNS: &[&str] = &["ts", "node", "gpu", "uuid", "model", "device", "port"];
+
+/// True when the binary runs as a benchmark: `cargo bench` passes `--bench`,
+/// `cargo test --benches` does not. Benches shrink their inputs in test mode,
+/// which runs unoptimised and only checks that every benchmark works.
+pub fn bench_mode() -> bool {
+    std::env::args().any(|a| a == "--bench")
+}
+
+/// `tests/fixtures/`: the procfs and sysfs trees of one 8×H100 node.
+pub fn fixtures_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures")
+}
+
+/// The fake `libgputel_fake_nvml.so`, if some build put it where Cargo puts
+/// it: `target/<profile>/deps/` or `target/<profile>/`, this benchmark's
+/// profile first, then `release` and `debug`.
+pub fn fake_nvml_lib() -> Option<PathBuf> {
+    let name = format!(
+        "{}gputel_fake_nvml{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    );
+    // The bench executable lives in target/<profile>/deps/.
+    let exe = std::env::current_exe().ok()?;
+    let profile_dir = exe.parent()?.parent()?;
+    let target_dir = profile_dir.parent()?;
+    [
+        profile_dir.to_owned(),
+        target_dir.join("release"),
+        target_dir.join("debug"),
+    ]
+    .into_iter()
+    .flat_map(|dir| [dir.join("deps").join(&name), dir.join(&name)])
+    .find(|p| p.is_file())
+}
+
+/// The columns of `table` that hold metric values.
+///
+/// A *metric value* is one value in a numeric (integer or floating-point)
+/// column of a stored row that is not a key column ([`KEY_COLUMNS`]: time,
+/// node, GPU index, UUID, model, IB device and port). So a `gpu` row holds 11
+/// (temperature_c … fb_total_bytes), a `node` row 11 (cpu_count … load15) and
+/// an `ib` row 9 (rate_gbps … rcv_packets_per_s); string columns such as the
+/// port `state` are not metric values. Nulls are not counted.
+pub fn metric_columns(table: Table) -> Vec<usize> {
+    table
+        .schema()
+        .fields()
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| !KEY_COLUMNS.contains(&f.name().as_str()) && is_numeric(f.data_type()))
+        .map(|(i, _)| i)
+        .collect()
+}
+
+fn is_numeric(t: &DataType) -> bool {
+    t.is_integer() || t.is_floating()
+}
+
+/// Metric values (see [`metric_columns`]) in one record batch of `table`.
+pub fn metric_values(table: Table, batch: &RecordBatch) -> u64 {
+    metric_columns(table)
+        .into_iter()
+        .map(|i| {
+            let col = batch.column(i);
+            (col.len() - col.null_count()) as u64
+        })
+        .sum()
+}
+
+/// A batch as one agent sends it, with the node name of its stream's hello.
+#[derive(Debug, Clone)]
+pub struct AgentBatch {
+    pub node: String,
+    pub batch: Batch,
+}
+
+/// Validates and buffers `batches`, then takes the buffer: the record batches
+/// a flush of exactly these rows writes, one per table and partition.
+pub fn buffer_and_take(batches: &[AgentBatch]) -> Vec<(Table, PartitionKey, RecordBatch)> {
+    let now_us = batches
+        .iter()
+        .flat_map(|b| b.batch.node.iter().map(|n| n.ts_us))
+        .max()
+        .unwrap_or(START_US);
+    let mut buffer = WriteBuffer::default();
+    for b in batches {
+        let valid = validate_batch(&b.batch, now_us).expect("simulated batches are valid");
+        buffer.append(&b.node, valid);
+    }
+    buffer.take().expect("simulated rows fit their schemas")
+}
+
+/// Metric values in `batches` once stored.
+pub fn dataset_metric_values(batches: &[AgentBatch]) -> u64 {
+    buffer_and_take(batches)
+        .iter()
+        .map(|(table, _, rb)| metric_values(*table, rb))
+        .sum()
+}
+
+/// `seconds` ticks of `nodes` simulated nodes from [`START_US`], in the order
+/// a collector receives them: every node's batch of one tick, then the next tick.
+pub fn simulate(nodes: usize, seconds: u32) -> Vec<AgentBatch> {
+    let mut cluster = Cluster::new(nodes);
+    let mut out = Vec::with_capacity(nodes * seconds as usize);
+    for _ in 0..seconds {
+        out.extend(cluster.tick());
+    }
+    out
+}
+
+/// Deterministic pseudo-random numbers (SplitMix64).
+#[derive(Debug, Clone)]
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Uniform in [lo, hi).
+    fn range(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * self.unit()
+    }
+
+    /// About normal, mean 0, standard deviation 1 (sum of 12 uniforms).
+    fn normal(&mut self) -> f64 {
+        (0..12).map(|_| self.unit()).sum::<f64>() - 6.0
+    }
+}
+
+/// Simulated nodes of a training cluster, stepped one 1 s tick at a time.
+///
+/// Each node runs jobs (30–120 min) separated by idle gaps (2–10 min); about
+/// one node in five starts idle. A training job has an iteration period of
+/// 5–12 s that GPU power, memory traffic and IB traffic follow, and a
+/// checkpoint every 15–30 min (40 s of low GPU load and disk I/O). Sensors
+/// behave as NVML and the kernel report them: temperatures follow power with
+/// a 20 s lag in whole °C, power in mW with noise, energy and IB counters
+/// only grow, clocks in the H100's 15 MHz steps, CPU shares from whole
+/// jiffies of 224 CPUs, load averages with two decimals.
+#[derive(Debug)]
+pub struct Cluster {
+    nodes: Vec<NodeSim>,
+    ts_us: i64,
+}
+
+impl Cluster {
+    /// `nodes` nodes named `gpu-node-001`, … whose first tick is [`START_US`].
+    pub fn new(nodes: usize) -> Self {
+        Self {
+            nodes: (0..nodes).map(NodeSim::new).collect(),
+            ts_us: START_US,
+        }
+    }
+
+    /// Every node's batch for the next tick.
+    pub fn tick(&mut self) -> Vec<AgentBatch> {
+        let ts_us = self.ts_us;
+        self.ts_us += SECOND_US;
+        self.nodes.iter_mut().map(|n| n.tick(ts_us)).collect()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Idle,
+    Train,
+    Checkpoint,
+}
+
+/// H100 SXM5: 81559 MiB of framebuffer, 540 MiB of it reserved by the driver.
+const FB_TOTAL: u64 = 85_520_809_984;
+const FB_RESERVED: u64 = 566_231_040;
+const MIB: u64 = 1 << 20;
+/// 224 CPUs at USER_HZ 100: jiffies in one second.
+const CPUS: u32 = 224;
+const MEM_TOTAL_KIB: u64 = 2_113_389_424;
+const CHECKPOINT_S: u32 = 40;
+
+#[derive(Debug)]
+struct NodeSim {
+    name: String,
+    rng: Rng,
+    seq: u64,
+    t: u32,
+    busy: bool,
+    /// Seconds left in the current job or idle gap.
+    left_s: u32,
+    iter_period_s: f64,
+    ckpt_every_s: u32,
+    ckpt_offset_s: u32,
+    gpus: Vec<GpuSim>,
+    ports: Vec<PortSim>,
+    mem_available_kib: f64,
+    load: [f64; 3],
+}
+
+#[derive(Debug)]
+struct GpuSim {
+    index: u32,
+    uuid: String,
+    /// Watts this board draws above or below its siblings under the same load.
+    power_offset_w: f64,
+    /// Cooling: °C this slot runs above or below its siblings.
+    temp_offset_c: f64,
+    power_w: f64,
+    temp_c: f64,
+    energy_mj: u64,
+    fb_used: u64,
+}
+
+#[derive(Debug)]
+struct PortSim {
+    device: String,
+    xmit_bytes: u64,
+    rcv_bytes: u64,
+    xmit_packets: u64,
+    rcv_packets: u64,
+}
+
+impl NodeSim {
+    fn new(i: usize) -> Self {
+        let mut rng = Rng(0x6770_7574_656c ^ (i as u64).wrapping_mul(0x1000_0001));
+        let busy = rng.unit() > 0.2;
+        let left_s = if busy {
+            rng.range(300.0, 7200.0)
+        } else {
+            rng.range(120.0, 600.0)
+        } as u32;
+        let gpus = (0..GPUS_PER_NODE)
+            .map(|g| {
+                let power_w = if busy { 450.0 } else { 70.0 };
+                GpuSim {
+                    index: g,
+                    uuid: format!(
+                        "GPU-{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+                        rng.next_u64() as u32,
+                        rng.next_u64() as u16,
+                        0x4000 | (rng.next_u64() as u16 & 0x0fff),
+                        0x8000 | (rng.next_u64() as u16 & 0x3fff),
+                        rng.next_u64() & 0xffff_ffff_ffff
+                    ),
+                    power_offset_w: 8.0 * rng.normal(),
+                    temp_offset_c: 2.0 * rng.normal(),
+                    power_w,
+                    temp_c: 30.0 + 0.075 * power_w,
+                    // About nine days since the driver loaded, at ~400 W.
+                    energy_mj: (rng.range(2.8e11, 3.4e11)) as u64,
+                    fb_used: 0,
+                }
+            })
+            .collect();
+        let ports = (0..IB_PORTS_PER_NODE)
+            .map(|p| {
+                let xmit_bytes = 4 * rng.range(1.9e15, 2.0e15) as u64;
+                let rcv_bytes = 4 * rng.range(1.9e15, 2.0e15) as u64;
+                PortSim {
+                    device: format!("mlx5_{p}"),
+                    xmit_bytes,
+                    rcv_bytes,
+                    xmit_packets: xmit_bytes / 840,
+                    rcv_packets: rcv_bytes / 840,
+                }
+            })
+            .collect();
+        let mut node = Self {
+            name: format!("gpu-node-{:03}", i + 1),
+            seq: 0,
+            t: 0,
+            busy,
+            left_s,
+            iter_period_s: 0.0,
+            ckpt_every_s: 0,
+            ckpt_offset_s: 0,
+            gpus,
+            ports,
+            mem_available_kib: rng.range(1.80e9, 1.95e9),
+            load: [if busy { 24.0 } else { 1.0 }; 3],
+            rng,
+        };
+        node.start_phase();
+        node
+    }
+
+    /// Draws the parameters of the job (or idle gap) that starts now.
+    fn start_phase(&mut self) {
+        let rng = &mut self.rng;
+        self.iter_period_s = rng.range(5.0, 12.0);
+        self.ckpt_every_s = rng.range(900.0, 1800.0) as u32;
+        self.ckpt_offset_s = self.t + (rng.unit() * self.ckpt_every_s as f64) as u32;
+        // A job's framebuffer footprint: the caching allocator grabs most of it.
+        let job_fb = (rng.range(58.0, 76.0) * 1024.0) as u64 * MIB;
+        for gpu in &mut self.gpus {
+            gpu.fb_used = if self.busy {
+                job_fb + (rng.range(0.0, 600.0) as u64) * MIB
+            } else {
+                0
+            };
+        }
+    }
+
+    fn phase(&self) -> Phase {
+        if !self.busy {
+            Phase::Idle
+        } else if (self.t + self.ckpt_every_s - self.ckpt_offset_s % self.ckpt_every_s)
+            % self.ckpt_every_s
+            < CHECKPOINT_S
+        {
+            Phase::Checkpoint
+        } else {
+            Phase::Train
+        }
+    }
+
+    fn tick(&mut self, ts_us: i64) -> AgentBatch {
+        if self.left_s == 0 {
+            self.busy = !self.busy;
+            self.left_s = if self.busy {
+                self.rng.range(1800.0, 7200.0)
+            } else {
+                self.rng.range(120.0, 600.0)
+            } as u32;
+            self.start_phase();
+        }
+        self.left_s -= 1;
+        self.t += 1;
+        self.seq += 1;
+        let phase = self.phase();
+        // Where in the training iteration this second falls.
+        let theta = TAU * f64::from(self.t) / self.iter_period_s;
+
+        let gpu = self
+            .gpus
+            .iter_mut()
+            .map(|g| g.tick(ts_us, phase, theta, &mut self.rng))
+            .collect();
+        let node = self.node_sample(ts_us, phase);
+        let ib = self
+            .ports
+            .iter_mut()
+            .map(|p| p.tick(ts_us, phase, theta, &mut self.rng))
+            .collect();
+        AgentBatch {
+            node: self.name.clone(),
+            batch: Batch {
+                seq: self.seq,
+                gpu,
+                node: vec![node],
+                ib,
+            },
+        }
+    }
+
+    #[allow(
+        clippy::needless_update,
+        reason = "the protocol may gain fields; rows leave them unset"
+    )]
+    fn node_sample(&mut self, ts_us: i64, phase: Phase) -> NodeSample {
+        let rng = &mut self.rng;
+        // CPU shares as the agent computes them: whole jiffies over all CPUs.
+        let total = f64::from(CPUS * 100) + (15.0 * rng.normal()).round();
+        let (user, system, iowait) = match phase {
+            Phase::Train => (
+                0.28 + 0.03 * rng.normal(),
+                0.04 + 0.005 * rng.normal(),
+                0.002 * rng.unit(),
+            ),
+            Phase::Checkpoint => (
+                0.12 + 0.02 * rng.normal(),
+                0.09 + 0.01 * rng.normal(),
+                0.06 + 0.01 * rng.normal(),
+            ),
+            Phase::Idle => (0.004 * rng.unit(), 0.003 * rng.unit(), 0.0),
+        };
+        let jiffies = |share: f64| (total * share.max(0.0)).round();
+        let (user, system, iowait) = (jiffies(user), jiffies(system), jiffies(iowait));
+        let idle = total - user - system - iowait;
+        let pct = |part: f64| (100.0 * part / total) as f32;
+
+        // Page cache grows under training I/O and drops after checkpoints.
+        let drift_kib = match phase {
+            Phase::Train => -200.0 + 3000.0 * rng.normal(),
+            Phase::Checkpoint => -40_000.0 + 20_000.0 * rng.normal(),
+            Phase::Idle => 50.0 + 200.0 * rng.normal(),
+        };
+        self.mem_available_kib = (self.mem_available_kib + drift_kib).clamp(1.2e9, 2.0e9);
+        let available = self.mem_available_kib as u64 * 1024;
+        let total_bytes = MEM_TOTAL_KIB * 1024;
+
+        // The kernel recomputes load averages every 5 s and prints two decimals.
+        if self.t.is_multiple_of(5) {
+            let runnable = match phase {
+                Phase::Train => 24.0 + (3.0 * rng.normal()).round(),
+                Phase::Checkpoint => 31.0 + (4.0 * rng.normal()).round(),
+                Phase::Idle => (rng.unit() * 3.0).floor(),
+            };
+            for (load, minutes) in self.load.iter_mut().zip([1.0_f64, 5.0, 15.0]) {
+                let decay = (-5.0 / (60.0 * minutes)).exp();
+                *load = *load * decay + runnable * (1.0 - decay);
+            }
+        }
+        let two_decimals = |v: f64| ((v * 100.0).round() / 100.0) as f32;
+
+        NodeSample {
+            ts_us,
+            cpu_count: CPUS,
+            cpu_user_pct: Some(pct(user)),
+            cpu_system_pct: Some(pct(system)),
+            cpu_iowait_pct: Some(pct(iowait)),
+            cpu_idle_pct: Some(pct(idle)),
+            memory_total_bytes: Some(total_bytes),
+            memory_used_bytes: Some(total_bytes - available),
+            memory_available_bytes: Some(available),
+            load1: Some(two_decimals(self.load[0])),
+            load5: Some(two_decimals(self.load[1])),
+            load15: Some(two_decimals(self.load[2])),
+            ..NodeSample::default()
+        }
+    }
+}
+
+impl GpuSim {
+    #[allow(
+        clippy::needless_update,
+        reason = "the protocol may gain fields; rows leave them unset"
+    )]
+    fn tick(&mut self, ts_us: i64, phase: Phase, theta: f64, rng: &mut Rng) -> GpuSample {
+        let target_w = match phase {
+            Phase::Train => 560.0 + 110.0 * theta.sin() + self.power_offset_w + 12.0 * rng.normal(),
+            Phase::Checkpoint => 140.0 + 0.5 * self.power_offset_w + 10.0 * rng.normal(),
+            Phase::Idle => 69.0 + 0.1 * self.power_offset_w + 1.5 * rng.normal(),
+        };
+        // NVML's power reading averages over about a second.
+        self.power_w = (self.power_w + 0.6 * (target_w - self.power_w)).clamp(60.0, 700.0);
+        let power_mw = (self.power_w * 1000.0).round() as u32;
+        self.energy_mj += u64::from(power_mw); // 1 s at power_mw mW
+        let target_c = 27.0 + 0.075 * self.power_w + self.temp_offset_c;
+        self.temp_c += (target_c - self.temp_c) / 20.0 + 0.15 * rng.normal();
+        let memory_temp_c = self.temp_c + 5.0 + 0.004 * self.power_w;
+
+        // Boost clock unless the board is at its power limit; idle GPUs park.
+        let sm_clock_mhz = match phase {
+            Phase::Idle => 345,
+            _ if self.power_w > 660.0 => {
+                1980 - 15 * (((self.power_w - 660.0) / 6.0) as u32).min(14)
+            }
+            _ => 1980,
+        };
+        let (gpu_util, copy_util) = match phase {
+            Phase::Train => (
+                100.0 - (1.2 * rng.normal()).abs().floor(),
+                35.0 + 12.0 * (theta + 1.0).sin() + 3.0 * rng.normal(),
+            ),
+            Phase::Checkpoint => (rng.range(0.0, 25.0), rng.range(0.0, 8.0)),
+            Phase::Idle => (0.0, 0.0),
+        };
+        // The caching allocator now and then grows or returns a few MiB.
+        if phase != Phase::Idle && rng.unit() < 1.0 / 600.0 {
+            let step = (rng.range(2.0, 64.0) as u64) * MIB;
+            self.fb_used = if rng.unit() < 0.6 {
+                (self.fb_used + step).min(FB_TOTAL - FB_RESERVED)
+            } else {
+                self.fb_used.saturating_sub(step)
+            };
+        }
+        let pct = |v: f64| v.clamp(0.0, 100.0).round() as u32;
+        GpuSample {
+            ts_us,
+            gpu: self.index,
+            uuid: self.uuid.clone(),
+            model: "NVIDIA H100 80GB HBM3".to_owned(),
+            temperature_c: Some(self.temp_c.round() as u32),
+            memory_temperature_c: Some(memory_temp_c.round() as u32),
+            power_mw: Some(power_mw),
+            energy_mj: Some(self.energy_mj),
+            sm_clock_mhz: Some(sm_clock_mhz),
+            memory_clock_mhz: Some(2619),
+            gpu_util_pct: Some(pct(gpu_util)),
+            memory_copy_util_pct: Some(pct(copy_util)),
+            fb_used_bytes: Some(self.fb_used),
+            fb_free_bytes: Some(FB_TOTAL - FB_RESERVED - self.fb_used),
+            fb_total_bytes: Some(FB_TOTAL),
+            ..GpuSample::default()
+        }
+    }
+}
+
+impl PortSim {
+    #[allow(
+        clippy::needless_update,
+        reason = "the protocol may gain fields; rows leave them unset"
+    )]
+    fn tick(&mut self, ts_us: i64, phase: Phase, theta: f64, rng: &mut Rng) -> IbPortSample {
+        // All-reduce traffic peaks in the backward pass, opposite the compute peak.
+        let bytes_per_s = match phase {
+            Phase::Train => 2.2e10 * (0.55 - 0.4 * theta.sin()) * (1.0 + 0.05 * rng.normal()),
+            Phase::Checkpoint => 1.5e9 * (1.0 + 0.2 * rng.normal()),
+            Phase::Idle => 2.0e4 * (1.0 + 0.3 * rng.normal()),
+        }
+        .max(0.0);
+        // The data counters count 4-byte words.
+        let words = |bytes: f64| 4 * (bytes / 4.0).round() as u64;
+        let xmit = words(bytes_per_s);
+        let rcv = words(bytes_per_s * (1.0 + 0.01 * rng.normal()));
+        // Mostly 4 KiB MTU packets, with small control messages among them.
+        let mut packets = |bytes: u64| (bytes as f64 / rng.range(3900.0, 4100.0)).round() as u64;
+        let (xmit_packets, rcv_packets) = (packets(xmit), packets(rcv));
+        self.xmit_bytes += xmit;
+        self.rcv_bytes += rcv;
+        self.xmit_packets += xmit_packets;
+        self.rcv_packets += rcv_packets;
+        IbPortSample {
+            ts_us,
+            device: self.device.clone(),
+            port: 1,
+            state: "ACTIVE".to_owned(),
+            rate_gbps: Some(400.0),
+            xmit_bytes: Some(self.xmit_bytes),
+            rcv_bytes: Some(self.rcv_bytes),
+            xmit_packets: Some(self.xmit_packets),
+            rcv_packets: Some(self.rcv_packets),
+            // Ticks are exactly 1 s apart, so a rate is the increase.
+            xmit_bytes_per_s: Some(xmit as f64),
+            rcv_bytes_per_s: Some(rcv as f64),
+            xmit_packets_per_s: Some(xmit_packets as f64),
+            rcv_packets_per_s: Some(rcv_packets as f64),
+            ..IbPortSample::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_row_of_each_table_holds_the_documented_metric_values() {
+        assert_eq!(metric_columns(Table::Gpu).len(), 11);
+        assert_eq!(metric_columns(Table::Node).len(), 11);
+        assert_eq!(metric_columns(Table::Ib).len(), 9);
+    }
+
+    #[test]
+    fn simulated_data_is_plausible() {
+        let batches = simulate(4, 600);
+        assert_eq!(batches.len(), 2400);
+        for pair in batches.windows(5) {
+            let (a, b) = (&pair[0], &pair[4]); // the same node, one tick apart
+            assert_eq!(a.node, b.node);
+            for (x, y) in a.batch.gpu.iter().zip(&b.batch.gpu) {
+                assert!(y.energy_mj > x.energy_mj);
+                let dt = x
+                    .temperature_c
+                    .unwrap_or(0)
+                    .abs_diff(y.temperature_c.unwrap_or(0));
+                assert!(dt <= 3, "temperature jumped {dt} °C in 1 s");
+            }
+            for (x, y) in a.batch.ib.iter().zip(&b.batch.ib) {
+                assert!(y.xmit_bytes >= x.xmit_bytes);
+            }
+        }
+        let temps: Vec<u32> = batches
+            .iter()
+            .flat_map(|b| b.batch.gpu.iter().filter_map(|g| g.temperature_c))
+            .collect();
+        assert!(temps.iter().all(|t| (25..=90).contains(t)), "{temps:?}");
+        let values = dataset_metric_values(&batches);
+        assert_eq!(values, 2400 * (8 * 11 + 11 + 4 * 9));
+    }
+}
