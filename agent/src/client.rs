@@ -296,7 +296,10 @@ impl Queue {
     /// Drops every batch with seq <= `seq`; returns how many.
     fn acknowledge(&mut self, seq: u64) -> usize {
         let before = self.batches.len();
-        while let Some(batch) = self.batches.pop_front_if(|b| b.seq <= seq) {
+        while self.batches.front().is_some_and(|b| b.seq <= seq) {
+            let Some(batch) = self.batches.pop_front() else {
+                break;
+            };
             let rows = &mut self.delivery.acknowledged_rows;
             rows.gpu += batch.gpu.len() as u64;
             rows.node += batch.node.len() as u64;
