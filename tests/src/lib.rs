@@ -59,6 +59,21 @@ pub fn fake_nvml() -> PathBuf {
     built("libgputel_fake_nvml.so")
 }
 
+/// An agent command on the fake NVML and the fixture trees, as node `node`;
+/// the fake's scenario variable is cleared (its built-in eight H100s).
+pub fn fixture_agent(node: &str) -> Command {
+    let mut cmd = Command::new(agent_bin());
+    cmd.arg("--nvml-lib")
+        .arg(fake_nvml())
+        .arg("--procfs-root")
+        .arg(fixture("proc"))
+        .arg("--sysfs-root")
+        .arg(fixture("sys"))
+        .args(["--node", node])
+        .env_remove(SCENARIO_ENV);
+    cmd
+}
+
 /// Environment variable naming the fake NVML's scenario file.
 pub const SCENARIO_ENV: &str = "GPUTEL_FAKE_NVML_SCENARIO";
 

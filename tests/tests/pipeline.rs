@@ -1,12 +1,10 @@
 //! End to end: agent (fake NVML, fixture /proc and /sys) → gRPC → collector →
 //! Parquet → the real DuckDB CLI.
 
-use std::process::Command;
 use std::time::Duration;
 
 use gputel_tests::{
-    Running, SCENARIO_ENV, agent_bin, duckdb, duckdb_value, fake_nvml, fixture, start_collector,
-    table_scan,
+    Running, SCENARIO_ENV, duckdb, duckdb_value, fixture_agent, start_collector, table_scan,
 };
 use serde_json::json;
 
@@ -49,17 +47,10 @@ fn every_row_the_agent_sends_is_queryable_in_duckdb() {
 
     let (collector, addr) = start_collector(&store, &["--flush-interval", "1s"]);
 
-    let mut agent = Command::new(agent_bin());
+    let mut agent = fixture_agent("gpu-node-017");
     agent
         .args(["--collector", &format!("http://{addr}")])
-        .arg("--nvml-lib")
-        .arg(fake_nvml())
-        .arg("--procfs-root")
-        .arg(fixture("proc"))
-        .arg("--sysfs-root")
-        .arg(fixture("sys"))
-        .args(["--node", "gpu-node-017", "--interval", "100ms"])
-        .args(["--ticks", &TICKS.to_string()])
+        .args(["--interval", "100ms", "--ticks", &TICKS.to_string()])
         .env(SCENARIO_ENV, &scenario);
     let agent = Running::spawn(agent).wait(Duration::from_secs(60));
     let summary = String::from_utf8_lossy(&agent.stdout).trim().to_owned();

@@ -5,9 +5,7 @@ use std::net::TcpListener;
 use std::process::Command;
 use std::time::Duration;
 
-use gputel_tests::{
-    Running, SCENARIO_ENV, agent_bin, collector_bin, duckdb_value, fake_nvml, fixture, table_scan,
-};
+use gputel_tests::{Running, collector_bin, duckdb_value, fixture_agent, table_scan};
 use serde_json::json;
 
 const TICKS: u64 = 40;
@@ -32,17 +30,10 @@ fn a_late_and_restarting_collector_loses_and_doubles_nothing() {
     };
 
     // The agent starts first, with nothing listening.
-    let mut cmd = Command::new(agent_bin());
+    let mut cmd = fixture_agent("gpu-node-042");
     cmd.args(["--collector", &format!("http://127.0.0.1:{port}")])
-        .arg("--nvml-lib")
-        .arg(fake_nvml())
-        .arg("--procfs-root")
-        .arg(fixture("proc"))
-        .arg("--sysfs-root")
-        .arg(fixture("sys"))
-        .args(["--node", "gpu-node-042", "--interval", "100ms"])
-        .args(["--ticks", &TICKS.to_string(), "--drain-timeout", "20s"])
-        .env_remove(SCENARIO_ENV);
+        .args(["--interval", "100ms", "--ticks", &TICKS.to_string()])
+        .args(["--drain-timeout", "20s"]);
     let mut agent = Running::spawn(cmd);
     agent.wait_for_log("collector unreachable", Duration::from_secs(10));
 
