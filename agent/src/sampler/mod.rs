@@ -22,11 +22,4 @@ pub enum SampleError {
     /// (truncated, empty, or of another format).
     #[error("cannot parse {path}: {reason}")]
     Parse { path: PathBuf, reason: String },
-    /// procfs reported an error for a /proc file.
-    #[error("cannot read {path}: {source}")]
-    Procfs {
-        path: PathBuf,
-        #[source]
-        source: procfs::ProcError,
-    },
 }
