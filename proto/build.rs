@@ -8,7 +8,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let descriptors = protox::compile(protos, ["."])?;
     let mut config = tonic_prost_build::configure();
     // Rows serialize to JSON for `gputel-agent --once`.
-    for message in ["GpuSample", "NodeSample", "IbPortSample"] {
+    for message in [
+        "GpuSample",
+        "NodeSample",
+        "IbPortSample",
+        "GpuEvent",
+        "GpuProcess",
+    ] {
         config = config.type_attribute(
             format!(".gputel.v1.{message}"),
             "#[derive(serde::Serialize)]",

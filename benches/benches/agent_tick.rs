@@ -193,6 +193,7 @@ fn host(c: &mut Criterion) {
                 gpu: template.gpu.clone(),
                 node: template.node.clone(),
                 ib: template.ib.clone(),
+                ..Batch::default()
             };
             encode_tick(&batch, &mut buf);
             black_box(&buf);
@@ -224,6 +225,7 @@ fn host(c: &mut Criterion) {
                     gpu: gpus.clone(),
                     node: Vec::with_capacity(1),
                     ib: Vec::with_capacity(4),
+                    ..Batch::default()
                 };
                 batch.node.push(node.sample(ts, &mut errors));
                 ib.sample(ts, &mut batch.ib, &mut errors);

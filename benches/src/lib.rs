@@ -386,6 +386,7 @@ impl NodeSim {
                 gpu,
                 node: vec![node],
                 ib,
+                ..Batch::default()
             },
         }
     }
@@ -574,9 +575,9 @@ mod tests {
 
     #[test]
     fn a_row_of_each_table_holds_the_documented_metric_values() {
-        assert_eq!(metric_columns(Table::Gpu).len(), 11);
+        assert_eq!(metric_columns(Table::Gpu).len(), 32);
         assert_eq!(metric_columns(Table::Node).len(), 11);
-        assert_eq!(metric_columns(Table::Ib).len(), 9);
+        assert_eq!(metric_columns(Table::Ib).len(), 15);
     }
 
     #[test]
@@ -604,6 +605,8 @@ mod tests {
             .collect();
         assert!(temps.iter().all(|t| (25..=90).contains(t)), "{temps:?}");
         let values = dataset_metric_values(&batches);
-        assert_eq!(values, 2400 * (8 * 11 + 11 + 4 * 9));
+        // The simulation fills 11 GPU metrics plus the XID count, all 11 node
+        // metrics and 9 of the 15 IB metrics (not the error counters).
+        assert_eq!(values, 2400 * (8 * 12 + 11 + 4 * 9));
     }
 }

@@ -5,13 +5,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arrow_array::builder::{
-    Float32Builder, Float64Builder, Int32Builder, Int64Builder, StringDictionaryBuilder,
-    TimestampMicrosecondBuilder,
+    ArrayBuilder, BooleanBuilder, Float32Builder, Float64Builder, Int32Builder, Int64Builder,
+    StringBuilder, StringDictionaryBuilder, TimestampMicrosecondBuilder,
 };
 use arrow_array::types::Int32Type;
 use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::ArrowError;
-use gputel_proto::{GpuSample, IbPortSample, NodeSample};
+use gputel_proto::{EventKind, GpuEvent, GpuProcess, GpuSample, IbPortSample, NodeSample};
 use gputel_schemas::{PartitionKey, Table};
 
 use crate::validate::ValidBatch;
@@ -22,16 +22,20 @@ pub struct WriteBuffer {
     gpu: BTreeMap<PartitionKey, GpuRows>,
     node: BTreeMap<PartitionKey, NodeRows>,
     ib: BTreeMap<PartitionKey, IbRows>,
+    event: BTreeMap<PartitionKey, EventRows>,
+    gpu_process: BTreeMap<PartitionKey, GpuProcessRows>,
     rows: usize,
 }
 
 impl std::fmt::Debug for WriteBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let partitions = self.gpu.len()
+            + self.node.len()
+            + self.ib.len()
+            + self.event.len()
+            + self.gpu_process.len();
         f.debug_struct("WriteBuffer")
-            .field(
-                "partitions",
-                &(self.gpu.len() + self.node.len() + self.ib.len()),
-            )
+            .field("partitions", &partitions)
             .field("rows", &self.rows)
             .finish()
     }
@@ -41,22 +45,12 @@ impl WriteBuffer {
     /// Appends every row of a validated batch from `node`.
     pub fn append(&mut self, node: &str, batch: ValidBatch<'_>) {
         let batch = batch.get();
-        for s in &batch.gpu {
-            self.gpu
-                .entry(partition(s.ts_us))
-                .or_default()
-                .push(node, s);
-        }
-        for s in &batch.node {
-            self.node
-                .entry(partition(s.ts_us))
-                .or_default()
-                .push(node, s);
-        }
-        for s in &batch.ib {
-            self.ib.entry(partition(s.ts_us)).or_default().push(node, s);
-        }
-        self.rows += batch.gpu.len() + batch.node.len() + batch.ib.len();
+        append_all(&mut self.gpu, node, &batch.gpu, |s| s.ts_us);
+        append_all(&mut self.node, node, &batch.node, |s| s.ts_us);
+        append_all(&mut self.ib, node, &batch.ib, |s| s.ts_us);
+        append_all(&mut self.event, node, &batch.event, |s| s.ts_us);
+        append_all(&mut self.gpu_process, node, &batch.gpu_process, |s| s.ts_us);
+        self.rows += crate::validate::row_count(batch);
     }
 
     /// Rows held, all tables together.
@@ -72,15 +66,26 @@ impl WriteBuffer {
         finish_all(Table::Gpu, &mut self.gpu, &mut out)?;
         finish_all(Table::Node, &mut self.node, &mut out)?;
         finish_all(Table::Ib, &mut self.ib, &mut out)?;
+        finish_all(Table::Event, &mut self.event, &mut out)?;
+        finish_all(Table::GpuProcess, &mut self.gpu_process, &mut out)?;
         Ok(out)
     }
 }
 
-fn partition(ts_us: i64) -> PartitionKey {
-    PartitionKey::from_ts_us(ts_us).expect("ValidBatch guarantees every timestamp has a partition")
+fn append_all<S, R: Rows<S> + Default>(
+    partitions: &mut BTreeMap<PartitionKey, R>,
+    node: &str,
+    samples: &[S],
+    ts_us: impl Fn(&S) -> i64,
+) {
+    for s in samples {
+        let key = PartitionKey::from_ts_us(ts_us(s))
+            .expect("ValidBatch guarantees every timestamp has a partition");
+        partitions.entry(key).or_default().push(node, s);
+    }
 }
 
-fn finish_all<R: Rows>(
+fn finish_all<S, R: Rows<S>>(
     table: Table,
     partitions: &mut BTreeMap<PartitionKey, R>,
     out: &mut Vec<(Table, PartitionKey, RecordBatch)>,
@@ -95,15 +100,101 @@ fn finish_all<R: Rows>(
     Ok(())
 }
 
-type Dict = StringDictionaryBuilder<Int32Type>;
-
-/// Arrow builders for one table: `finish` returns the columns in schema order.
-trait Rows {
+/// Arrow builders for one table's rows of protocol samples `S`.
+trait Rows<S> {
+    fn push(&mut self, node: &str, sample: &S);
+    /// The columns, in schema order.
     fn finish(&mut self) -> Vec<ArrayRef>;
 }
 
-fn ts_builder() -> TimestampMicrosecondBuilder {
-    TimestampMicrosecondBuilder::new().with_timezone("UTC")
+/// A column builder that takes values of type `V`.
+trait Put<V> {
+    fn put(&mut self, value: V);
+}
+
+/// Timestamps in microseconds, UTC.
+struct Ts(TimestampMicrosecondBuilder);
+
+impl Default for Ts {
+    fn default() -> Self {
+        Ts(TimestampMicrosecondBuilder::new().with_timezone("UTC"))
+    }
+}
+
+impl Put<i64> for Ts {
+    fn put(&mut self, value: i64) {
+        self.0.append_value(value);
+    }
+}
+
+type Dict = StringDictionaryBuilder<Int32Type>;
+
+impl Put<&str> for Dict {
+    fn put(&mut self, value: &str) {
+        self.append_value(value);
+    }
+}
+
+impl Put<&str> for StringBuilder {
+    fn put(&mut self, value: &str) {
+        self.append_value(value);
+    }
+}
+
+macro_rules! put_option {
+    ($($builder:ty => $native:ty),* $(,)?) => {$(
+        impl Put<Option<$native>> for $builder {
+            fn put(&mut self, value: Option<$native>) {
+                self.append_option(value);
+            }
+        }
+    )*};
+}
+
+put_option!(
+    Int32Builder => i32,
+    Int64Builder => i64,
+    Float32Builder => f32,
+    Float64Builder => f64,
+    BooleanBuilder => bool,
+);
+
+/// Finishes any column builder into an array.
+trait FinishColumn {
+    fn finish_column(&mut self) -> ArrayRef;
+}
+
+impl<B: ArrayBuilder> FinishColumn for B {
+    fn finish_column(&mut self) -> ArrayRef {
+        ArrayBuilder::finish(self)
+    }
+}
+
+impl FinishColumn for Ts {
+    fn finish_column(&mut self) -> ArrayRef {
+        Arc::new(self.0.finish())
+    }
+}
+
+/// Declares a table's builders: one `column: Builder = value` per column, in
+/// the schema's order, with `$node` and `$s` naming the node and the sample.
+macro_rules! table_rows {
+    ($rows:ident for $sample:ty, |$node:ident, $s:ident| { $($col:ident: $builder:ty = $value:expr),* $(,)? }) => {
+        #[derive(Default)]
+        struct $rows {
+            $($col: $builder,)*
+        }
+
+        impl Rows<$sample> for $rows {
+            fn push(&mut self, $node: &str, $s: &$sample) {
+                $(self.$col.put($value);)*
+            }
+
+            fn finish(&mut self) -> Vec<ArrayRef> {
+                vec![$(self.$col.finish_column(),)*]
+            }
+        }
+    };
 }
 
 /// Validation guarantees these fit; the conversions only keep types honest.
@@ -115,250 +206,138 @@ fn i64_of(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-struct GpuRows {
-    ts: TimestampMicrosecondBuilder,
-    node: Dict,
-    gpu: Int32Builder,
-    uuid: Dict,
-    model: Dict,
-    temperature_c: Int32Builder,
-    memory_temperature_c: Int32Builder,
-    power_mw: Int64Builder,
-    energy_mj: Int64Builder,
-    sm_clock_mhz: Int32Builder,
-    memory_clock_mhz: Int32Builder,
-    gpu_util_pct: Int32Builder,
-    memory_copy_util_pct: Int32Builder,
-    fb_used_bytes: Int64Builder,
-    fb_free_bytes: Int64Builder,
-    fb_total_bytes: Int64Builder,
+/// Whether bit `mask` is set in an optional bitmask.
+fn flag(bits: Option<u64>, mask: u64) -> Option<bool> {
+    bits.map(|b| b & mask != 0)
 }
 
-impl Default for GpuRows {
-    fn default() -> Self {
-        Self {
-            ts: ts_builder(),
-            node: Dict::new(),
-            gpu: Int32Builder::new(),
-            uuid: Dict::new(),
-            model: Dict::new(),
-            temperature_c: Int32Builder::new(),
-            memory_temperature_c: Int32Builder::new(),
-            power_mw: Int64Builder::new(),
-            energy_mj: Int64Builder::new(),
-            sm_clock_mhz: Int32Builder::new(),
-            memory_clock_mhz: Int32Builder::new(),
-            gpu_util_pct: Int32Builder::new(),
-            memory_copy_util_pct: Int32Builder::new(),
-            fb_used_bytes: Int64Builder::new(),
-            fb_free_bytes: Int64Builder::new(),
-            fb_total_bytes: Int64Builder::new(),
-        }
+/// nvmlClocksEventReason* bits.
+mod reason {
+    pub const GPU_IDLE: u64 = 0x1;
+    pub const SW_POWER_CAP: u64 = 0x4;
+    pub const HW_SLOWDOWN: u64 = 0x8;
+    pub const SYNC_BOOST: u64 = 0x10;
+    pub const SW_THERMAL: u64 = 0x20;
+    pub const HW_THERMAL: u64 = 0x40;
+    pub const HW_POWER_BRAKE: u64 = 0x80;
+}
+
+table_rows!(GpuRows for GpuSample, |node, s| {
+    ts: Ts = s.ts_us,
+    node: Dict = node,
+    gpu: Int32Builder = Some(i32_of(s.gpu)),
+    uuid: Dict = s.uuid.as_str(),
+    model: Dict = s.model.as_str(),
+    temperature_c: Int32Builder = s.temperature_c.map(i32_of),
+    memory_temperature_c: Int32Builder = s.memory_temperature_c.map(i32_of),
+    power_mw: Int64Builder = s.power_mw.map(i64::from),
+    energy_mj: Int64Builder = s.energy_mj.map(i64_of),
+    sm_clock_mhz: Int32Builder = s.sm_clock_mhz.map(i32_of),
+    memory_clock_mhz: Int32Builder = s.memory_clock_mhz.map(i32_of),
+    gpu_util_pct: Int32Builder = s.gpu_util_pct.map(i32_of),
+    memory_copy_util_pct: Int32Builder = s.memory_copy_util_pct.map(i32_of),
+    fb_used_bytes: Int64Builder = s.fb_used_bytes.map(i64_of),
+    fb_free_bytes: Int64Builder = s.fb_free_bytes.map(i64_of),
+    fb_total_bytes: Int64Builder = s.fb_total_bytes.map(i64_of),
+    sm_active_pct: Float32Builder = s.sm_active_pct,
+    sm_occupancy_pct: Float32Builder = s.sm_occupancy_pct,
+    tensor_active_pct: Float32Builder = s.tensor_active_pct,
+    dram_active_pct: Float32Builder = s.dram_active_pct,
+    power_limit_mw: Int64Builder = s.power_limit_mw.map(i64::from),
+    power_avg_mw: Int64Builder = s.power_avg_mw.map(i64::from),
+    clock_event_reasons: Int64Builder = s.clock_event_reasons.map(i64_of),
+    throttle_gpu_idle: BooleanBuilder = flag(s.clock_event_reasons, reason::GPU_IDLE),
+    throttle_sw_power_cap: BooleanBuilder = flag(s.clock_event_reasons, reason::SW_POWER_CAP),
+    throttle_hw_slowdown: BooleanBuilder = flag(s.clock_event_reasons, reason::HW_SLOWDOWN),
+    throttle_sync_boost: BooleanBuilder = flag(s.clock_event_reasons, reason::SYNC_BOOST),
+    throttle_sw_thermal: BooleanBuilder = flag(s.clock_event_reasons, reason::SW_THERMAL),
+    throttle_hw_thermal: BooleanBuilder = flag(s.clock_event_reasons, reason::HW_THERMAL),
+    throttle_hw_power_brake: BooleanBuilder = flag(s.clock_event_reasons, reason::HW_POWER_BRAKE),
+    ecc_corrected_volatile: Int64Builder = s.ecc_corrected_volatile.map(i64_of),
+    ecc_uncorrected_volatile: Int64Builder = s.ecc_uncorrected_volatile.map(i64_of),
+    ecc_corrected_aggregate: Int64Builder = s.ecc_corrected_aggregate.map(i64_of),
+    ecc_uncorrected_aggregate: Int64Builder = s.ecc_uncorrected_aggregate.map(i64_of),
+    retired_pages_sbe: Int64Builder = s.retired_pages_sbe.map(i64_of),
+    retired_pages_dbe: Int64Builder = s.retired_pages_dbe.map(i64_of),
+    retired_pages_pending: BooleanBuilder = s.retired_pages_pending,
+    remapped_rows_corrected: Int32Builder = s.remapped_rows_corrected.map(i32_of),
+    remapped_rows_uncorrected: Int32Builder = s.remapped_rows_uncorrected.map(i32_of),
+    remapped_rows_pending: BooleanBuilder = s.remapped_rows_pending,
+    remapped_rows_failure: BooleanBuilder = s.remapped_rows_failure,
+    pcie_replay_count: Int64Builder = s.pcie_replay_count.map(i64_of),
+    pcie_tx_bytes_per_s: Int64Builder = s.pcie_tx_bytes_per_s.map(i64_of),
+    pcie_rx_bytes_per_s: Int64Builder = s.pcie_rx_bytes_per_s.map(i64_of),
+    nvlink_tx_bytes_per_s: Int64Builder = s.nvlink_tx_bytes_per_s.map(i64_of),
+    nvlink_rx_bytes_per_s: Int64Builder = s.nvlink_rx_bytes_per_s.map(i64_of),
+    xid_count: Int32Builder = Some(i32_of(s.xid_count)),
+});
+
+table_rows!(NodeRows for NodeSample, |node, s| {
+    ts: Ts = s.ts_us,
+    node: Dict = node,
+    cpu_count: Int32Builder = Some(i32_of(s.cpu_count)),
+    cpu_user_pct: Float32Builder = s.cpu_user_pct,
+    cpu_system_pct: Float32Builder = s.cpu_system_pct,
+    cpu_iowait_pct: Float32Builder = s.cpu_iowait_pct,
+    cpu_idle_pct: Float32Builder = s.cpu_idle_pct,
+    memory_total_bytes: Int64Builder = s.memory_total_bytes.map(i64_of),
+    memory_used_bytes: Int64Builder = s.memory_used_bytes.map(i64_of),
+    memory_available_bytes: Int64Builder = s.memory_available_bytes.map(i64_of),
+    load1: Float32Builder = s.load1,
+    load5: Float32Builder = s.load5,
+    load15: Float32Builder = s.load15,
+});
+
+table_rows!(IbRows for IbPortSample, |node, s| {
+    ts: Ts = s.ts_us,
+    node: Dict = node,
+    device: Dict = s.device.as_str(),
+    port: Int32Builder = Some(i32_of(s.port)),
+    state: Dict = s.state.as_str(),
+    rate_gbps: Float64Builder = s.rate_gbps,
+    xmit_bytes: Int64Builder = s.xmit_bytes.map(i64_of),
+    rcv_bytes: Int64Builder = s.rcv_bytes.map(i64_of),
+    xmit_packets: Int64Builder = s.xmit_packets.map(i64_of),
+    rcv_packets: Int64Builder = s.rcv_packets.map(i64_of),
+    xmit_bytes_per_s: Float64Builder = s.xmit_bytes_per_s,
+    rcv_bytes_per_s: Float64Builder = s.rcv_bytes_per_s,
+    xmit_packets_per_s: Float64Builder = s.xmit_packets_per_s,
+    rcv_packets_per_s: Float64Builder = s.rcv_packets_per_s,
+    symbol_error: Int64Builder = s.symbol_error.map(i64_of),
+    link_downed: Int64Builder = s.link_downed.map(i64_of),
+    link_error_recovery: Int64Builder = s.link_error_recovery.map(i64_of),
+    port_rcv_errors: Int64Builder = s.port_rcv_errors.map(i64_of),
+    port_xmit_discards: Int64Builder = s.port_xmit_discards.map(i64_of),
+    port_xmit_wait: Int64Builder = s.port_xmit_wait.map(i64_of),
+});
+
+/// The `kind` column's value for an event kind.
+pub fn event_kind_name(kind: EventKind) -> &'static str {
+    match kind {
+        EventKind::Unspecified => "unspecified",
+        EventKind::Xid => "xid",
+        EventKind::GpuLost => "gpu_lost",
+        EventKind::ThermalThrottle => "thermal_throttle",
+        EventKind::PowerThrottle => "power_throttle",
     }
 }
 
-impl GpuRows {
-    fn push(&mut self, node: &str, s: &GpuSample) {
-        self.ts.append_value(s.ts_us);
-        self.node.append_value(node);
-        self.gpu.append_value(i32_of(s.gpu));
-        self.uuid.append_value(&s.uuid);
-        self.model.append_value(&s.model);
-        self.temperature_c
-            .append_option(s.temperature_c.map(i32_of));
-        self.memory_temperature_c
-            .append_option(s.memory_temperature_c.map(i32_of));
-        self.power_mw.append_option(s.power_mw.map(i64::from));
-        self.energy_mj.append_option(s.energy_mj.map(i64_of));
-        self.sm_clock_mhz.append_option(s.sm_clock_mhz.map(i32_of));
-        self.memory_clock_mhz
-            .append_option(s.memory_clock_mhz.map(i32_of));
-        self.gpu_util_pct.append_option(s.gpu_util_pct.map(i32_of));
-        self.memory_copy_util_pct
-            .append_option(s.memory_copy_util_pct.map(i32_of));
-        self.fb_used_bytes
-            .append_option(s.fb_used_bytes.map(i64_of));
-        self.fb_free_bytes
-            .append_option(s.fb_free_bytes.map(i64_of));
-        self.fb_total_bytes
-            .append_option(s.fb_total_bytes.map(i64_of));
-    }
-}
+table_rows!(EventRows for GpuEvent, |node, s| {
+    ts: Ts = s.ts_us,
+    node: Dict = node,
+    gpu: Int32Builder = Some(i32_of(s.gpu)),
+    uuid: Dict = s.uuid.as_str(),
+    kind: Dict = event_kind_name(s.kind()),
+    code: Int64Builder = Some(i64_of(s.code)),
+    detail: StringBuilder = s.detail.as_str(),
+});
 
-impl Rows for GpuRows {
-    fn finish(&mut self) -> Vec<ArrayRef> {
-        vec![
-            Arc::new(self.ts.finish()),
-            Arc::new(self.node.finish()),
-            Arc::new(self.gpu.finish()),
-            Arc::new(self.uuid.finish()),
-            Arc::new(self.model.finish()),
-            Arc::new(self.temperature_c.finish()),
-            Arc::new(self.memory_temperature_c.finish()),
-            Arc::new(self.power_mw.finish()),
-            Arc::new(self.energy_mj.finish()),
-            Arc::new(self.sm_clock_mhz.finish()),
-            Arc::new(self.memory_clock_mhz.finish()),
-            Arc::new(self.gpu_util_pct.finish()),
-            Arc::new(self.memory_copy_util_pct.finish()),
-            Arc::new(self.fb_used_bytes.finish()),
-            Arc::new(self.fb_free_bytes.finish()),
-            Arc::new(self.fb_total_bytes.finish()),
-        ]
-    }
-}
-
-struct NodeRows {
-    ts: TimestampMicrosecondBuilder,
-    node: Dict,
-    cpu_count: Int32Builder,
-    cpu_user_pct: Float32Builder,
-    cpu_system_pct: Float32Builder,
-    cpu_iowait_pct: Float32Builder,
-    cpu_idle_pct: Float32Builder,
-    memory_total_bytes: Int64Builder,
-    memory_used_bytes: Int64Builder,
-    memory_available_bytes: Int64Builder,
-    load1: Float32Builder,
-    load5: Float32Builder,
-    load15: Float32Builder,
-}
-
-impl Default for NodeRows {
-    fn default() -> Self {
-        Self {
-            ts: ts_builder(),
-            node: Dict::new(),
-            cpu_count: Int32Builder::new(),
-            cpu_user_pct: Float32Builder::new(),
-            cpu_system_pct: Float32Builder::new(),
-            cpu_iowait_pct: Float32Builder::new(),
-            cpu_idle_pct: Float32Builder::new(),
-            memory_total_bytes: Int64Builder::new(),
-            memory_used_bytes: Int64Builder::new(),
-            memory_available_bytes: Int64Builder::new(),
-            load1: Float32Builder::new(),
-            load5: Float32Builder::new(),
-            load15: Float32Builder::new(),
-        }
-    }
-}
-
-impl NodeRows {
-    fn push(&mut self, node: &str, s: &NodeSample) {
-        self.ts.append_value(s.ts_us);
-        self.node.append_value(node);
-        self.cpu_count.append_value(i32_of(s.cpu_count));
-        self.cpu_user_pct.append_option(s.cpu_user_pct);
-        self.cpu_system_pct.append_option(s.cpu_system_pct);
-        self.cpu_iowait_pct.append_option(s.cpu_iowait_pct);
-        self.cpu_idle_pct.append_option(s.cpu_idle_pct);
-        self.memory_total_bytes
-            .append_option(s.memory_total_bytes.map(i64_of));
-        self.memory_used_bytes
-            .append_option(s.memory_used_bytes.map(i64_of));
-        self.memory_available_bytes
-            .append_option(s.memory_available_bytes.map(i64_of));
-        self.load1.append_option(s.load1);
-        self.load5.append_option(s.load5);
-        self.load15.append_option(s.load15);
-    }
-}
-
-impl Rows for NodeRows {
-    fn finish(&mut self) -> Vec<ArrayRef> {
-        vec![
-            Arc::new(self.ts.finish()),
-            Arc::new(self.node.finish()),
-            Arc::new(self.cpu_count.finish()),
-            Arc::new(self.cpu_user_pct.finish()),
-            Arc::new(self.cpu_system_pct.finish()),
-            Arc::new(self.cpu_iowait_pct.finish()),
-            Arc::new(self.cpu_idle_pct.finish()),
-            Arc::new(self.memory_total_bytes.finish()),
-            Arc::new(self.memory_used_bytes.finish()),
-            Arc::new(self.memory_available_bytes.finish()),
-            Arc::new(self.load1.finish()),
-            Arc::new(self.load5.finish()),
-            Arc::new(self.load15.finish()),
-        ]
-    }
-}
-
-struct IbRows {
-    ts: TimestampMicrosecondBuilder,
-    node: Dict,
-    device: Dict,
-    port: Int32Builder,
-    state: Dict,
-    rate_gbps: Float64Builder,
-    xmit_bytes: Int64Builder,
-    rcv_bytes: Int64Builder,
-    xmit_packets: Int64Builder,
-    rcv_packets: Int64Builder,
-    xmit_bytes_per_s: Float64Builder,
-    rcv_bytes_per_s: Float64Builder,
-    xmit_packets_per_s: Float64Builder,
-    rcv_packets_per_s: Float64Builder,
-}
-
-impl Default for IbRows {
-    fn default() -> Self {
-        Self {
-            ts: ts_builder(),
-            node: Dict::new(),
-            device: Dict::new(),
-            port: Int32Builder::new(),
-            state: Dict::new(),
-            rate_gbps: Float64Builder::new(),
-            xmit_bytes: Int64Builder::new(),
-            rcv_bytes: Int64Builder::new(),
-            xmit_packets: Int64Builder::new(),
-            rcv_packets: Int64Builder::new(),
-            xmit_bytes_per_s: Float64Builder::new(),
-            rcv_bytes_per_s: Float64Builder::new(),
-            xmit_packets_per_s: Float64Builder::new(),
-            rcv_packets_per_s: Float64Builder::new(),
-        }
-    }
-}
-
-impl IbRows {
-    fn push(&mut self, node: &str, s: &IbPortSample) {
-        self.ts.append_value(s.ts_us);
-        self.node.append_value(node);
-        self.device.append_value(&s.device);
-        self.port.append_value(i32_of(s.port));
-        self.state.append_value(&s.state);
-        self.rate_gbps.append_option(s.rate_gbps);
-        self.xmit_bytes.append_option(s.xmit_bytes.map(i64_of));
-        self.rcv_bytes.append_option(s.rcv_bytes.map(i64_of));
-        self.xmit_packets.append_option(s.xmit_packets.map(i64_of));
-        self.rcv_packets.append_option(s.rcv_packets.map(i64_of));
-        self.xmit_bytes_per_s.append_option(s.xmit_bytes_per_s);
-        self.rcv_bytes_per_s.append_option(s.rcv_bytes_per_s);
-        self.xmit_packets_per_s.append_option(s.xmit_packets_per_s);
-        self.rcv_packets_per_s.append_option(s.rcv_packets_per_s);
-    }
-}
-
-impl Rows for IbRows {
-    fn finish(&mut self) -> Vec<ArrayRef> {
-        vec![
-            Arc::new(self.ts.finish()),
-            Arc::new(self.node.finish()),
-            Arc::new(self.device.finish()),
-            Arc::new(self.port.finish()),
-            Arc::new(self.state.finish()),
-            Arc::new(self.rate_gbps.finish()),
-            Arc::new(self.xmit_bytes.finish()),
-            Arc::new(self.rcv_bytes.finish()),
-            Arc::new(self.xmit_packets.finish()),
-            Arc::new(self.rcv_packets.finish()),
-            Arc::new(self.xmit_bytes_per_s.finish()),
-            Arc::new(self.rcv_bytes_per_s.finish()),
-            Arc::new(self.xmit_packets_per_s.finish()),
-            Arc::new(self.rcv_packets_per_s.finish()),
-        ]
-    }
-}
+table_rows!(GpuProcessRows for GpuProcess, |node, s| {
+    ts: Ts = s.ts_us,
+    node: Dict = node,
+    gpu: Int32Builder = Some(i32_of(s.gpu)),
+    uuid: Dict = s.uuid.as_str(),
+    pid: Int32Builder = Some(i32_of(s.pid)),
+    used_memory_bytes: Int64Builder = s.used_memory_bytes.map(i64_of),
+    command: Dict = s.command.as_str(),
+});

@@ -28,6 +28,8 @@ pub const STATISTICS: EnabledStatistics = EnabledStatistics::Page;
 pub const INTEGER_ENCODING: Encoding = Encoding::DELTA_BINARY_PACKED;
 /// Floating-point columns: byte-stream split makes them compress under zstd.
 pub const FLOAT_ENCODING: Encoding = Encoding::BYTE_STREAM_SPLIT;
+/// Boolean columns: run-length encoded bits (flags rarely change).
+pub const BOOLEAN_ENCODING: Encoding = Encoding::RLE;
 /// False-positive rate of the bloom filters on string key columns.
 pub const BLOOM_FILTER_FPP: f64 = 0.01;
 
@@ -81,6 +83,7 @@ pub fn writer_properties(table: Table) -> WriterProperties {
         let encoding = match field.data_type() {
             DataType::Int32 | DataType::Int64 | DataType::Timestamp(_, _) => INTEGER_ENCODING,
             DataType::Float32 | DataType::Float64 => FLOAT_ENCODING,
+            DataType::Boolean => BOOLEAN_ENCODING,
             _ => continue,
         };
         props = props

@@ -2,12 +2,14 @@
 //! whole with a reason that names the offending row and field; nothing else on
 //! the stream is affected.
 
-use gputel_proto::{Batch, Hello};
+use gputel_proto::{Batch, EventKind, Hello};
 
 /// Most rows one batch may carry (all tables together).
 pub const MAX_BATCH_ROWS: usize = 100_000;
 /// Longest string value accepted in a row (UUIDs, model names, port states).
 pub const MAX_VALUE_BYTES: usize = 256;
+/// Longest event detail accepted.
+pub const MAX_DETAIL_BYTES: usize = 1024;
 /// Earliest accepted sample time: 2000-01-01T00:00:00Z. Older means a dead RTC.
 pub const MIN_TS_US: i64 = 946_684_800_000_000;
 /// How far ahead of the collector's clock a sample may be: one day.
@@ -33,6 +35,13 @@ pub enum ValidationError {
         table: &'static str,
         row: usize,
         ts_us: i64,
+    },
+    #[error("{table} row {row}: {field} is longer than {max} bytes")]
+    TooLong {
+        table: &'static str,
+        row: usize,
+        field: &'static str,
+        max: usize,
     },
     #[error("{table} row {row}: {field} is {reason}")]
     Field {
@@ -85,7 +94,7 @@ pub fn validate_batch(batch: &Batch, now_us: i64) -> Result<ValidBatch<'_>, Vali
     if batch.seq == 0 {
         return Err(ValidationError::ZeroSeq);
     }
-    let rows = batch.gpu.len() + batch.node.len() + batch.ib.len();
+    let rows = row_count(batch);
     if rows > MAX_BATCH_ROWS {
         return Err(ValidationError::TooManyRows { rows });
     }
@@ -95,6 +104,7 @@ pub fn validate_batch(batch: &Batch, now_us: i64) -> Result<ValidBatch<'_>, Vali
         c.int32("gpu", Some(s.gpu))?;
         c.text("uuid", &s.uuid)?;
         c.text("model", &s.model)?;
+        c.int32("xid_count", Some(s.xid_count))?;
         for (field, v) in [
             ("temperature_c", s.temperature_c),
             ("memory_temperature_c", s.memory_temperature_c),
@@ -102,6 +112,8 @@ pub fn validate_batch(batch: &Batch, now_us: i64) -> Result<ValidBatch<'_>, Vali
             ("memory_clock_mhz", s.memory_clock_mhz),
             ("gpu_util_pct", s.gpu_util_pct),
             ("memory_copy_util_pct", s.memory_copy_util_pct),
+            ("remapped_rows_corrected", s.remapped_rows_corrected),
+            ("remapped_rows_uncorrected", s.remapped_rows_uncorrected),
         ] {
             c.int32(field, v)?;
         }
@@ -110,8 +122,28 @@ pub fn validate_batch(batch: &Batch, now_us: i64) -> Result<ValidBatch<'_>, Vali
             ("fb_used_bytes", s.fb_used_bytes),
             ("fb_free_bytes", s.fb_free_bytes),
             ("fb_total_bytes", s.fb_total_bytes),
+            ("clock_event_reasons", s.clock_event_reasons),
+            ("ecc_corrected_volatile", s.ecc_corrected_volatile),
+            ("ecc_uncorrected_volatile", s.ecc_uncorrected_volatile),
+            ("ecc_corrected_aggregate", s.ecc_corrected_aggregate),
+            ("ecc_uncorrected_aggregate", s.ecc_uncorrected_aggregate),
+            ("retired_pages_sbe", s.retired_pages_sbe),
+            ("retired_pages_dbe", s.retired_pages_dbe),
+            ("pcie_replay_count", s.pcie_replay_count),
+            ("pcie_tx_bytes_per_s", s.pcie_tx_bytes_per_s),
+            ("pcie_rx_bytes_per_s", s.pcie_rx_bytes_per_s),
+            ("nvlink_tx_bytes_per_s", s.nvlink_tx_bytes_per_s),
+            ("nvlink_rx_bytes_per_s", s.nvlink_rx_bytes_per_s),
         ] {
             c.int64(field, v)?;
+        }
+        for (field, v) in [
+            ("sm_active_pct", s.sm_active_pct),
+            ("sm_occupancy_pct", s.sm_occupancy_pct),
+            ("tensor_active_pct", s.tensor_active_pct),
+            ("dram_active_pct", s.dram_active_pct),
+        ] {
+            c.finite(field, v.map(f64::from))?;
         }
     }
     for (row, s) in batch.node.iter().enumerate() {
@@ -155,11 +187,50 @@ pub fn validate_batch(batch: &Batch, now_us: i64) -> Result<ValidBatch<'_>, Vali
             ("rcv_bytes", s.rcv_bytes),
             ("xmit_packets", s.xmit_packets),
             ("rcv_packets", s.rcv_packets),
+            ("symbol_error", s.symbol_error),
+            ("link_downed", s.link_downed),
+            ("link_error_recovery", s.link_error_recovery),
+            ("port_rcv_errors", s.port_rcv_errors),
+            ("port_xmit_discards", s.port_xmit_discards),
+            ("port_xmit_wait", s.port_xmit_wait),
         ] {
             c.int64(field, v)?;
         }
     }
+    for (row, s) in batch.event.iter().enumerate() {
+        let c = check.row("event", row, s.ts_us)?;
+        c.int32("gpu", Some(s.gpu))?;
+        c.text("uuid", &s.uuid)?;
+        c.int64("code", Some(s.code))?;
+        c.text_up_to("detail", &s.detail, MAX_DETAIL_BYTES)?;
+        if !matches!(
+            EventKind::try_from(s.kind),
+            Ok(EventKind::Xid
+                | EventKind::GpuLost
+                | EventKind::ThermalThrottle
+                | EventKind::PowerThrottle)
+        ) {
+            return Err(c.fail("kind", "not a known event kind"));
+        }
+    }
+    for (row, s) in batch.gpu_process.iter().enumerate() {
+        let c = check.row("gpu_process", row, s.ts_us)?;
+        c.int32("gpu", Some(s.gpu))?;
+        c.int32("pid", Some(s.pid))?;
+        c.text("uuid", &s.uuid)?;
+        c.text("command", &s.command)?;
+        c.int64("used_memory_bytes", s.used_memory_bytes)?;
+    }
     Ok(ValidBatch(batch))
+}
+
+/// Rows in a batch, all tables together.
+pub fn row_count(batch: &Batch) -> usize {
+    batch.gpu.len()
+        + batch.node.len()
+        + batch.ib.len()
+        + batch.event.len()
+        + batch.gpu_process.len()
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -215,8 +286,17 @@ impl Row {
     }
 
     fn text(self, field: &'static str, v: &str) -> Result<(), ValidationError> {
-        if v.len() > MAX_VALUE_BYTES {
-            Err(self.fail(field, "longer than 256 bytes"))
+        self.text_up_to(field, v, MAX_VALUE_BYTES)
+    }
+
+    fn text_up_to(self, field: &'static str, v: &str, max: usize) -> Result<(), ValidationError> {
+        if v.len() > max {
+            Err(ValidationError::TooLong {
+                table: self.table,
+                row: self.row,
+                field,
+                max,
+            })
         } else if v.chars().any(char::is_control) {
             Err(self.fail(field, "holding control characters"))
         } else {
@@ -256,6 +336,7 @@ mod tests {
                 state: "ACTIVE".into(),
                 ..Default::default()
             }],
+            ..Default::default()
         }
     }
 

@@ -66,6 +66,7 @@ fn gpu(id: u32, gpu: u32, ts_us: i64) -> GpuSample {
         fb_used_bytes: set.then_some(u64::from(id) << 30),
         fb_free_bytes: set.then_some((80 - u64::from(id)) << 30),
         fb_total_bytes: set.then_some(80 << 30),
+        ..GpuSample::default()
     }
 }
 
@@ -108,6 +109,7 @@ fn ib(id: u32, device: &str, port: u32, ts_us: i64) -> IbPortSample {
         rcv_bytes_per_s: rate(f64::from(id) * 0.25e9),
         xmit_packets_per_s: rate(f64::from(id) + 0.125),
         rcv_packets_per_s: rate(0.0),
+        ..IbPortSample::default()
     }
 }
 
@@ -134,6 +136,7 @@ fn batches() -> Vec<(&'static str, Batch)> {
                     ib(34, "mlx5_0", 2, H6A),
                     ib(35, "mlx5_0", 1, H6A),
                 ],
+                ..Batch::default()
             },
         ),
         (
@@ -147,6 +150,7 @@ fn batches() -> Vec<(&'static str, Batch)> {
                     ib(31, "mlx5_0", 1, H6A),
                     ib(32, "mlx5_1", 1, H6A),
                 ],
+                ..Batch::default()
             },
         ),
     ]
@@ -587,12 +591,14 @@ enum Expect {
     Delta,
     ByteStreamSplit,
     Dictionary,
+    Rle,
 }
 
 fn expected_encoding(data_type: &DataType) -> Expect {
     match data_type {
         DataType::Int32 | DataType::Int64 | DataType::Timestamp(_, _) => Expect::Delta,
         DataType::Float32 | DataType::Float64 => Expect::ByteStreamSplit,
+        DataType::Boolean => Expect::Rle,
         DataType::Dictionary(_, value) if **value == DataType::Utf8 => Expect::Dictionary,
         other => panic!("no encoding expectation for column type {other}; add one"),
     }
@@ -710,6 +716,10 @@ async fn physical_layout_matches_the_design() {
                         pages.is_only(Encoding::BYTE_STREAM_SPLIT),
                         "{what}: {encodings:?}"
                     );
+                    assert_eq!(chunk.dictionary_page_offset(), None, "{what}");
+                }
+                Expect::Rle => {
+                    assert!(pages.is_only(Encoding::RLE), "{what}: {encodings:?}");
                     assert_eq!(chunk.dictionary_page_offset(), None, "{what}");
                 }
                 Expect::Dictionary => {

@@ -10,6 +10,7 @@ pub mod col {
     pub const GPU: &str = "gpu";
     pub const DEVICE: &str = "device";
     pub const PORT: &str = "port";
+    pub const PID: &str = "pid";
 }
 
 /// A table the collector writes.
@@ -21,11 +22,21 @@ pub enum Table {
     Node,
     /// One row per InfiniBand port per tick.
     Ib,
+    /// One row per GPU event: XID, GPU lost, start of throttling.
+    Event,
+    /// One row per compute process per GPU per process refresh.
+    GpuProcess,
 }
 
 impl Table {
     /// Every table, in a stable order.
-    pub const ALL: [Table; 3] = [Table::Gpu, Table::Node, Table::Ib];
+    pub const ALL: [Table; 5] = [
+        Table::Gpu,
+        Table::Node,
+        Table::Ib,
+        Table::Event,
+        Table::GpuProcess,
+    ];
 
     /// The table's name: its directory under the store and its golden file's stem.
     pub fn name(self) -> &'static str {
@@ -33,6 +44,8 @@ impl Table {
             Table::Gpu => "gpu",
             Table::Node => "node",
             Table::Ib => "ib",
+            Table::Event => "event",
+            Table::GpuProcess => "gpu_process",
         }
     }
 
@@ -43,13 +56,16 @@ impl Table {
             Table::Gpu => GPU.clone(),
             Table::Node => NODE.clone(),
             Table::Ib => IB.clone(),
+            Table::Event => EVENT.clone(),
+            Table::GpuProcess => GPU_PROCESS.clone(),
         }
     }
 
     /// Columns the rows of a file are sorted by: node, then device, then time.
     pub fn sort_key(self) -> &'static [&'static str] {
         match self {
-            Table::Gpu => &[col::NODE, col::GPU, col::TS],
+            Table::Gpu | Table::Event => &[col::NODE, col::GPU, col::TS],
+            Table::GpuProcess => &[col::NODE, col::GPU, col::PID, col::TS],
             Table::Node => &[col::NODE, col::TS],
             Table::Ib => &[col::NODE, col::DEVICE, col::PORT, col::TS],
         }
@@ -101,6 +117,37 @@ static GPU: LazyLock<SchemaRef> = LazyLock::new(|| {
         opt("fb_used_bytes", DataType::Int64),
         opt("fb_free_bytes", DataType::Int64),
         opt("fb_total_bytes", DataType::Int64),
+        opt("sm_active_pct", DataType::Float32),
+        opt("sm_occupancy_pct", DataType::Float32),
+        opt("tensor_active_pct", DataType::Float32),
+        opt("dram_active_pct", DataType::Float32),
+        opt("power_limit_mw", DataType::Int64),
+        opt("power_avg_mw", DataType::Int64),
+        opt("clock_event_reasons", DataType::Int64),
+        opt("throttle_gpu_idle", DataType::Boolean),
+        opt("throttle_sw_power_cap", DataType::Boolean),
+        opt("throttle_hw_slowdown", DataType::Boolean),
+        opt("throttle_sync_boost", DataType::Boolean),
+        opt("throttle_sw_thermal", DataType::Boolean),
+        opt("throttle_hw_thermal", DataType::Boolean),
+        opt("throttle_hw_power_brake", DataType::Boolean),
+        opt("ecc_corrected_volatile", DataType::Int64),
+        opt("ecc_uncorrected_volatile", DataType::Int64),
+        opt("ecc_corrected_aggregate", DataType::Int64),
+        opt("ecc_uncorrected_aggregate", DataType::Int64),
+        opt("retired_pages_sbe", DataType::Int64),
+        opt("retired_pages_dbe", DataType::Int64),
+        opt("retired_pages_pending", DataType::Boolean),
+        opt("remapped_rows_corrected", DataType::Int32),
+        opt("remapped_rows_uncorrected", DataType::Int32),
+        opt("remapped_rows_pending", DataType::Boolean),
+        opt("remapped_rows_failure", DataType::Boolean),
+        opt("pcie_replay_count", DataType::Int64),
+        opt("pcie_tx_bytes_per_s", DataType::Int64),
+        opt("pcie_rx_bytes_per_s", DataType::Int64),
+        opt("nvlink_tx_bytes_per_s", DataType::Int64),
+        opt("nvlink_rx_bytes_per_s", DataType::Int64),
+        Field::new("xid_count", DataType::Int32, false),
     ]))
 });
 
@@ -138,6 +185,36 @@ static IB: LazyLock<SchemaRef> = LazyLock::new(|| {
         opt("rcv_bytes_per_s", DataType::Float64),
         opt("xmit_packets_per_s", DataType::Float64),
         opt("rcv_packets_per_s", DataType::Float64),
+        opt("symbol_error", DataType::Int64),
+        opt("link_downed", DataType::Int64),
+        opt("link_error_recovery", DataType::Int64),
+        opt("port_rcv_errors", DataType::Int64),
+        opt("port_xmit_discards", DataType::Int64),
+        opt("port_xmit_wait", DataType::Int64),
+    ]))
+});
+
+static EVENT: LazyLock<SchemaRef> = LazyLock::new(|| {
+    Arc::new(Schema::new(vec![
+        ts(),
+        dict_str(col::NODE, false),
+        Field::new(col::GPU, DataType::Int32, false),
+        dict_str("uuid", false),
+        dict_str("kind", false),
+        Field::new("code", DataType::Int64, false),
+        Field::new("detail", DataType::Utf8, false),
+    ]))
+});
+
+static GPU_PROCESS: LazyLock<SchemaRef> = LazyLock::new(|| {
+    Arc::new(Schema::new(vec![
+        ts(),
+        dict_str(col::NODE, false),
+        Field::new(col::GPU, DataType::Int32, false),
+        dict_str("uuid", false),
+        Field::new(col::PID, DataType::Int32, false),
+        opt("used_memory_bytes", DataType::Int64),
+        dict_str("command", false),
     ]))
 });
 

@@ -56,7 +56,6 @@ fn the_default_fake_presents_eight_h100s_with_every_field() {
     assert_eq!(gpus.len(), 8);
     for (i, gpu) in gpus.iter().enumerate() {
         let fields = gpu.as_object().expect("object");
-        assert_eq!(fields.len(), GPU_FIELDS.len(), "{gpu}");
         for field in GPU_FIELDS {
             assert!(!fields[field].is_null(), "GPU {i}: {field} is null");
         }

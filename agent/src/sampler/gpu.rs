@@ -225,6 +225,7 @@ fn sample_device(
         fb_used_bytes: memory.as_ref().map(|m| m.used),
         fb_free_bytes: memory.as_ref().map(|m| m.free),
         fb_total_bytes: memory.as_ref().map(|m| m.total),
+        ..GpuSample::default()
     }
 }
 

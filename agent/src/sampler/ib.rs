@@ -293,6 +293,19 @@ fn sample_port(
         history.last[i] = Some(now);
     }
 
+    let [
+        symbol_error,
+        link_downed,
+        link_error_recovery,
+        port_rcv_errors,
+        port_xmit_discards,
+        port_xmit_wait,
+    ] = ERROR_COUNTERS.map(|name| {
+        read_error_counter(&dir.join(COUNTERS_DIR).join(name)).unwrap_or_else(|e| {
+            errors.push(e);
+            None
+        })
+    });
     let [xmit_bytes, rcv_bytes, xmit_packets, rcv_packets] = totals;
     let [
         xmit_bytes_per_s,
@@ -314,7 +327,37 @@ fn sample_port(
         rcv_bytes_per_s,
         xmit_packets_per_s,
         rcv_packets_per_s,
+        symbol_error,
+        link_downed,
+        link_error_recovery,
+        port_rcv_errors,
+        port_xmit_discards,
+        port_xmit_wait,
     })
+}
+
+/// Error counters under `counters/`, in `IbPortSample` order. Reported as
+/// read: they are small and rarely move, so no rates.
+const ERROR_COUNTERS: [&str; 6] = [
+    "symbol_error",
+    "link_downed",
+    "link_error_recovery",
+    "port_rcv_errors",
+    "port_xmit_discards",
+    "port_xmit_wait",
+];
+
+/// One error counter; None when its file does not exist.
+fn read_error_counter(path: &Path) -> Result<Option<u64>, SampleError> {
+    let Some(text) = read_attr(path)? else {
+        return Ok(None);
+    };
+    parse_counter(&text)
+        .map(Some)
+        .ok_or_else(|| SampleError::Parse {
+            reason: format!("expected an unsigned integer, found {text:?}"),
+            path: path.to_owned(),
+        })
 }
 
 /// Increase per second between two readings of one counter, in bytes (or
@@ -529,6 +572,12 @@ mod tests {
                 rcv_bytes_per_s: None,
                 xmit_packets_per_s: None,
                 rcv_packets_per_s: None,
+                symbol_error: Some(3),
+                link_downed: Some(1),
+                link_error_recovery: Some(2),
+                port_rcv_errors: Some(7),
+                port_xmit_discards: Some(11),
+                port_xmit_wait: Some(8_231_947_811),
             }
         );
         assert!(
