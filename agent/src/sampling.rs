@@ -10,9 +10,13 @@ use gputel_proto::Batch;
 use tracing::{debug, info, warn};
 
 use crate::config::Config;
-use crate::sampler::gpu::{GpuSampler, GpuUnavailable};
+use crate::sampler::gpu::{GpuOptions, GpuSampler, GpuUnavailable};
 use crate::sampler::ib::IbSampler;
 use crate::sampler::node::NodeSampler;
+
+/// Time between listings of the GPUs' compute processes: those NVML calls
+/// are slow and hold a driver lock.
+pub const PROCESS_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Distinct error messages remembered for log deduplication.
 const MAX_REMEMBERED_ERRORS: usize = 1024;
@@ -37,7 +41,11 @@ impl Samplers {
     /// Opens every source. A missing driver or missing InfiniBand is reported
     /// here, once, and the other sources carry on.
     pub fn open(config: &Config) -> Self {
-        let gpu = GpuSampler::open(config.nvml_lib.as_deref());
+        let gpu = GpuSampler::open(&GpuOptions {
+            lib: config.nvml_lib.clone(),
+            procfs_root: config.procfs_root.clone(),
+            process_interval_us: PROCESS_INTERVAL.as_micros() as i64,
+        });
         match &gpu {
             Ok(gpu) => info!(
                 gpus = gpu.gpu_count(),
@@ -66,7 +74,7 @@ impl Samplers {
     pub fn sample(&mut self, ts_us: i64) -> Tick {
         let mut tick = Tick::default();
         if let Ok(gpu) = &mut self.gpu {
-            for e in gpu.sample(ts_us, &mut tick.batch.gpu) {
+            for e in gpu.sample(ts_us, &mut tick.batch) {
                 tick.errors.push(e.to_string());
             }
         }

@@ -1,23 +1,97 @@
 //! GPUs through NVML (`nvml-wrapper`). The library is loaded once; a machine
 //! without the NVIDIA driver is a normal state that the agent reports once.
+//!
+//! Per tick and GPU: identity, temperatures, power and its limit, energy,
+//! clocks, utilization, framebuffer, clock event ("throttle") reasons, and
+//! one `nvmlDeviceGetFieldValues` call for memory temperature, ECC, retired
+//! pages, remapped rows, PCIe replays and the PCIe and NVLink byte counters.
+//! GPM (Hopper and newer) gives SM, tensor and DRAM activity between two
+//! ticks. XID errors arrive on their own thread through NVML's event API.
+//! Compute processes are listed at a slower cadence: those calls are slow and
+//! hold a driver lock.
 
 use std::collections::HashSet;
 use std::ffi::OsStr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 
-use gputel_proto::GpuSample;
+use gputel_proto::{Batch, EventKind, GpuEvent, GpuProcess, GpuSample};
+use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
-use nvml_wrapper::enums::device::SampleValue;
+use nvml_wrapper::enums::device::{SampleValue, UsedGpuMemory};
+use nvml_wrapper::enums::event::XidError;
+use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::error::NvmlError;
-use nvml_wrapper::struct_wrappers::device::FieldValueSample;
+use nvml_wrapper::gpm::{GpmSample, gpm_metrics_get};
 use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper::{Device, Nvml};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
-/// NVML field id of the HBM temperature (`NVML_FI_DEV_MEMORY_TEMP`).
-const FI_DEV_MEMORY_TEMP: u32 = 82;
+use crate::sampling::now_us;
+
 /// The library NVML ships as, found through the dynamic loader's search path.
 pub const DEFAULT_NVML_LIB: &str = "libnvidia-ml.so.1";
+
+/// NVML field ids read in one `nvmlDeviceGetFieldValues` call per GPU and tick.
+mod field {
+    pub const MEMORY_TEMP: u32 = 82;
+    pub const ECC_SBE_VOL_TOTAL: u32 = 3;
+    pub const ECC_DBE_VOL_TOTAL: u32 = 4;
+    pub const ECC_SBE_AGG_TOTAL: u32 = 5;
+    pub const ECC_DBE_AGG_TOTAL: u32 = 6;
+    pub const RETIRED_SBE: u32 = 29;
+    pub const RETIRED_DBE: u32 = 30;
+    pub const RETIRED_PENDING: u32 = 31;
+    pub const PCIE_REPLAY_COUNTER: u32 = 94;
+    /// KiB transmitted over all NVLinks since the driver loaded.
+    pub const NVLINK_THROUGHPUT_DATA_TX: u32 = 138;
+    pub const NVLINK_THROUGHPUT_DATA_RX: u32 = 139;
+    pub const REMAPPED_COR: u32 = 142;
+    pub const REMAPPED_UNC: u32 = 143;
+    pub const REMAPPED_PENDING: u32 = 144;
+    pub const REMAPPED_FAILURE: u32 = 145;
+    /// Bytes over PCIe since the driver loaded.
+    pub const PCIE_COUNT_TX_BYTES: u32 = 197;
+    pub const PCIE_COUNT_RX_BYTES: u32 = 198;
+
+    /// Every id above.
+    pub const ALL: &[u32] = &[
+        MEMORY_TEMP,
+        ECC_SBE_VOL_TOTAL,
+        ECC_DBE_VOL_TOTAL,
+        ECC_SBE_AGG_TOTAL,
+        ECC_DBE_AGG_TOTAL,
+        RETIRED_SBE,
+        RETIRED_DBE,
+        RETIRED_PENDING,
+        PCIE_REPLAY_COUNTER,
+        NVLINK_THROUGHPUT_DATA_TX,
+        NVLINK_THROUGHPUT_DATA_RX,
+        REMAPPED_COR,
+        REMAPPED_UNC,
+        REMAPPED_PENDING,
+        REMAPPED_FAILURE,
+        PCIE_COUNT_TX_BYTES,
+        PCIE_COUNT_RX_BYTES,
+    ];
+}
+
+/// GPM metrics, in GpuSample order: SM, SM occupancy, tensor, DRAM.
+const GPM_METRICS: [GpmMetricId; 4] = [
+    GpmMetricId::SmUtil,
+    GpmMetricId::SmOccupancy,
+    GpmMetricId::AnyTensorUtil,
+    GpmMetricId::DramBwUtil,
+];
+
+/// nvmlClocksEventReason bits that start a thermal or a power throttling episode.
+const THERMAL_REASONS: u64 = 0x20 | 0x40;
+const POWER_REASONS: u64 = 0x4 | 0x80;
+
+/// How long the XID thread blocks in one wait before it checks for shutdown.
+const XID_WAIT_MS: u32 = 500;
 
 /// Why GPUs cannot be sampled on this machine.
 #[derive(Debug, thiserror::Error)]
@@ -42,24 +116,6 @@ pub enum GpuUnavailable {
     Count(#[source] NvmlError),
 }
 
-/// What is known of one GPU from start-up: it does not change while it runs.
-#[derive(Debug, Clone)]
-struct GpuIdentity {
-    index: u32,
-    uuid: String,
-    model: String,
-}
-
-/// Samples every GPU NVML reports.
-#[derive(Debug)]
-pub struct GpuSampler {
-    nvml: Nvml,
-    gpus: Vec<GpuIdentity>,
-    driver_version: Option<String>,
-    /// (gpu, metric) pairs whose failure was already logged.
-    reported: HashSet<(u32, &'static str)>,
-}
-
 /// A GPU metric that NVML failed to give for a reason other than "not supported".
 #[derive(Debug, thiserror::Error)]
 #[error("GPU {gpu}: {metric}: {source}")]
@@ -70,17 +126,82 @@ pub struct GpuError {
     pub source: NvmlError,
 }
 
+/// Options for [`GpuSampler::open`].
+#[derive(Debug, Clone)]
+pub struct GpuOptions {
+    /// NVML library to load; the system's by default.
+    pub lib: Option<PathBuf>,
+    /// Where procfs is mounted, for process names.
+    pub procfs_root: PathBuf,
+    /// Time between process listings, in microseconds.
+    pub process_interval_us: i64,
+}
+
+/// Counter readings kept from the previous tick, for rates.
+#[derive(Debug, Clone, Copy, Default)]
+struct Counters {
+    ts_us: i64,
+    energy_mj: Option<u64>,
+    pcie_tx_bytes: Option<u64>,
+    pcie_rx_bytes: Option<u64>,
+    nvlink_tx_kib: Option<u64>,
+    nvlink_rx_kib: Option<u64>,
+}
+
+/// One GPU and what is remembered of it between ticks.
+struct GpuState {
+    index: u32,
+    uuid: String,
+    model: String,
+    device: Device<'static>,
+    /// None when the GPU has no GPM; else the previous tick's GPM sample.
+    gpm: Option<Option<GpmSample<'static>>>,
+    prev: Option<Counters>,
+    prev_reasons: Option<u64>,
+    lost: bool,
+}
+
+impl std::fmt::Debug for GpuState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuState")
+            .field("index", &self.index)
+            .field("uuid", &self.uuid)
+            .field("gpm", &self.gpm.is_some())
+            .field("lost", &self.lost)
+            .finish()
+    }
+}
+
+/// An XID seen by the event thread, waiting for the next tick.
+#[derive(Debug, Clone, Copy)]
+struct Xid {
+    gpu: u32,
+    xid: u64,
+    ts_us: i64,
+}
+
+/// Samples every GPU NVML reports.
+#[derive(Debug)]
+pub struct GpuSampler {
+    nvml: &'static Nvml,
+    gpus: Vec<GpuState>,
+    driver_version: Option<String>,
+    /// (gpu, metric) pairs whose failure was already logged.
+    reported: HashSet<(u32, &'static str)>,
+    xids: Arc<Mutex<Vec<Xid>>>,
+    xid_watcher: Option<XidWatcher>,
+    procfs_root: PathBuf,
+    process_interval_us: i64,
+    next_process_ts: i64,
+}
+
 impl GpuSampler {
-    /// Loads NVML from `lib` (default: the system's `libnvidia-ml.so.1`) and
-    /// lists the GPUs.
-    pub fn open(lib: Option<&Path>) -> Result<Self, GpuUnavailable> {
+    /// Loads NVML and lists the GPUs; starts the XID event thread.
+    pub fn open(options: &GpuOptions) -> Result<Self, GpuUnavailable> {
+        let lib = options.lib.as_deref();
         let lib_name = lib.map_or_else(|| DEFAULT_NVML_LIB.to_owned(), |p| p.display().to_string());
         let mut builder = Nvml::builder();
-        if let Some(path) = lib {
-            builder.lib_path(path.as_os_str());
-        } else {
-            builder.lib_path(OsStr::new(DEFAULT_NVML_LIB));
-        }
+        builder.lib_path(lib.map_or(OsStr::new(DEFAULT_NVML_LIB), Path::as_os_str));
         let nvml = builder.init().map_err(|e| match e {
             NvmlError::LibloadingError(e) => GpuUnavailable::NoLibrary {
                 lib: lib_name.clone(),
@@ -101,24 +222,56 @@ impl GpuSampler {
                 source,
             },
         })?;
+        // NVML stays loaded for the life of the process: devices, GPM samples
+        // and the event set all borrow it, and threads share it.
+        let nvml: &'static Nvml = Box::leak(Box::new(nvml));
         let count = nvml.device_count().map_err(GpuUnavailable::Count)?;
         let mut gpus = Vec::with_capacity(count as usize);
+        let mut without_gpm = Vec::new();
         for index in 0..count {
-            match nvml.device_by_index(index) {
-                Ok(device) => gpus.push(GpuIdentity {
-                    index,
-                    uuid: device.uuid().unwrap_or_default(),
-                    model: device.name().unwrap_or_default(),
-                }),
-                Err(e) => warn!(gpu = index, error = %e, "GPU skipped: NVML cannot open it"),
-            }
+            let device = match nvml.device_by_index(index) {
+                Ok(device) => device,
+                Err(e) => {
+                    warn!(gpu = index, error = %e, "GPU skipped: NVML cannot open it");
+                    continue;
+                }
+            };
+            let gpm = match device.gpm_support() {
+                Ok(true) => Some(None),
+                _ => {
+                    without_gpm.push(index);
+                    None
+                }
+            };
+            gpus.push(GpuState {
+                index,
+                uuid: device.uuid().unwrap_or_default(),
+                model: device.name().unwrap_or_default(),
+                device,
+                gpm,
+                prev: None,
+                prev_reasons: None,
+                lost: false,
+            });
         }
-        let driver_version = nvml.sys_driver_version().ok();
+        if !without_gpm.is_empty() {
+            info!(
+                gpus = ?without_gpm,
+                "no GPM on these GPUs (it needs Hopper or newer): SM, tensor and DRAM activity stay null"
+            );
+        }
+        let xids = Arc::new(Mutex::new(Vec::new()));
+        let xid_watcher = XidWatcher::start(nvml, &gpus, Arc::clone(&xids));
         Ok(Self {
             nvml,
             gpus,
-            driver_version,
+            driver_version: nvml.sys_driver_version().ok(),
             reported: HashSet::new(),
+            xids,
+            xid_watcher,
+            procfs_root: options.procfs_root.clone(),
+            process_interval_us: options.process_interval_us.max(1),
+            next_process_ts: i64::MIN,
         })
     }
 
@@ -132,28 +285,66 @@ impl GpuSampler {
         self.driver_version.as_deref()
     }
 
-    /// Appends one sample per GPU. Metrics a GPU does not support are left
-    /// unset; other failures are unset too, and returned (each (GPU, metric)
-    /// pair is logged once, then only at debug level).
-    pub fn sample(&mut self, ts_us: i64, out: &mut Vec<GpuSample>) -> Vec<GpuError> {
+    /// Adds one row per reachable GPU to `batch`, the events since the last
+    /// tick and, when due, the compute processes. Unsupported metrics are
+    /// left unset; other failures are unset too and returned (each (GPU,
+    /// metric) pair is logged once, then at debug level).
+    pub fn sample(&mut self, ts_us: i64, batch: &mut Batch) -> Vec<GpuError> {
         let mut errors = Vec::new();
-        for gpu in &self.gpus {
-            let device = match self.nvml.device_by_index(gpu.index) {
-                Ok(device) => device,
-                Err(source) => {
-                    errors.push(GpuError {
-                        gpu: gpu.index,
-                        metric: "handle",
-                        source,
-                    });
-                    continue;
-                }
-            };
+        let xids = std::mem::take(&mut *self.xids.lock().unwrap_or_else(|e| e.into_inner()));
+        for x in &xids {
+            if let Some(gpu) = self.gpus.iter().find(|g| g.index == x.gpu) {
+                batch.event.push(GpuEvent {
+                    ts_us: x.ts_us,
+                    gpu: x.gpu,
+                    uuid: gpu.uuid.clone(),
+                    kind: EventKind::Xid.into(),
+                    code: x.xid,
+                    detail: String::new(),
+                });
+            }
+        }
+        let list_processes = ts_us >= self.next_process_ts;
+        if list_processes {
+            self.next_process_ts = crate::sampling::next_tick(ts_us, self.process_interval_us);
+        }
+        for gpu in &mut self.gpus {
             let mut read = Reader {
                 gpu: gpu.index,
                 errors: &mut errors,
+                lost: None,
             };
-            out.push(sample_device(&device, gpu, ts_us, &mut read));
+            let xid_count = xids.iter().filter(|x| x.gpu == gpu.index).count() as u32;
+            let sample = sample_device(gpu, ts_us, xid_count, &mut read, &mut batch.event);
+            if let Some(detail) = read.lost.take() {
+                if !gpu.lost {
+                    warn!(gpu = gpu.index, uuid = %gpu.uuid, "GPU lost: {detail}; the other GPUs are still sampled");
+                    batch.event.push(GpuEvent {
+                        ts_us,
+                        gpu: gpu.index,
+                        uuid: gpu.uuid.clone(),
+                        kind: EventKind::GpuLost.into(),
+                        code: 0,
+                        detail,
+                    });
+                }
+                gpu.lost = true;
+                continue;
+            }
+            if gpu.lost {
+                info!(gpu = gpu.index, uuid = %gpu.uuid, "GPU answers again");
+                gpu.lost = false;
+            }
+            batch.gpu.push(sample);
+            if list_processes {
+                list_compute_processes(
+                    gpu,
+                    ts_us,
+                    &self.procfs_root,
+                    &mut read,
+                    &mut batch.gpu_process,
+                );
+            }
         }
         for e in &errors {
             if self.reported.insert((e.gpu, e.metric)) {
@@ -164,12 +355,27 @@ impl GpuSampler {
         }
         errors
     }
+
+    /// The NVML library handle.
+    pub fn nvml(&self) -> &'static Nvml {
+        self.nvml
+    }
+}
+
+impl Drop for GpuSampler {
+    fn drop(&mut self) {
+        if let Some(watcher) = self.xid_watcher.take() {
+            watcher.stop();
+        }
+    }
 }
 
 /// Collects failures while one device is read.
 struct Reader<'a> {
     gpu: u32,
     errors: &'a mut Vec<GpuError>,
+    /// Set when NVML says the GPU is lost.
+    lost: Option<String>,
 }
 
 impl Reader<'_> {
@@ -178,6 +384,11 @@ impl Reader<'_> {
         match result {
             Ok(v) => Some(v),
             Err(NvmlError::NotSupported) => None,
+            Err(NvmlError::GpuLost) => {
+                self.lost
+                    .get_or_insert_with(|| format!("{metric}: {}", NvmlError::GpuLost));
+                None
+            }
             Err(source) => {
                 self.errors.push(GpuError {
                     gpu: self.gpu,
@@ -190,34 +401,104 @@ impl Reader<'_> {
     }
 }
 
+/// One `nvmlDeviceGetFieldValues` call's results, by field id.
+#[derive(Debug, Default)]
+struct Fields {
+    values: Vec<(u32, u64)>,
+}
+
+impl Fields {
+    fn read(device: &Device<'static>, read: &mut Reader<'_>) -> Fields {
+        let ids: Vec<FieldId> = field::ALL.iter().map(|id| FieldId(*id)).collect();
+        let Some(samples) = read.get("field_values", device.field_values_for(&ids)) else {
+            return Fields::default();
+        };
+        let mut values = Vec::with_capacity(samples.len());
+        for (id, sample) in ids.iter().zip(samples) {
+            let value = sample.and_then(|s| s.value);
+            if let Some(v) = read.get(field_name(id.0), value).and_then(sample_as_u64) {
+                values.push((id.0, v));
+            }
+        }
+        Fields { values }
+    }
+
+    fn get(&self, id: u32) -> Option<u64> {
+        self.values.iter().find(|(i, _)| *i == id).map(|(_, v)| *v)
+    }
+
+    fn get_u32(&self, id: u32) -> Option<u32> {
+        self.get(id).and_then(|v| u32::try_from(v).ok())
+    }
+
+    fn get_bool(&self, id: u32) -> Option<bool> {
+        self.get(id).map(|v| v != 0)
+    }
+}
+
+fn field_name(id: u32) -> &'static str {
+    match id {
+        field::MEMORY_TEMP => "memory_temperature",
+        field::ECC_SBE_VOL_TOTAL
+        | field::ECC_DBE_VOL_TOTAL
+        | field::ECC_SBE_AGG_TOTAL
+        | field::ECC_DBE_AGG_TOTAL => "ecc_errors",
+        field::RETIRED_SBE | field::RETIRED_DBE | field::RETIRED_PENDING => "retired_pages",
+        field::PCIE_REPLAY_COUNTER => "pcie_replay_counter",
+        field::NVLINK_THROUGHPUT_DATA_TX | field::NVLINK_THROUGHPUT_DATA_RX => "nvlink_bytes",
+        field::REMAPPED_COR
+        | field::REMAPPED_UNC
+        | field::REMAPPED_PENDING
+        | field::REMAPPED_FAILURE => "remapped_rows",
+        field::PCIE_COUNT_TX_BYTES | field::PCIE_COUNT_RX_BYTES => "pcie_bytes",
+        _ => "field_value",
+    }
+}
+
 fn sample_device(
-    device: &Device<'_>,
-    gpu: &GpuIdentity,
+    gpu: &mut GpuState,
     ts_us: i64,
+    xid_count: u32,
     read: &mut Reader<'_>,
+    events: &mut Vec<GpuEvent>,
 ) -> GpuSample {
+    let device = &gpu.device;
+    let temperature_c = read.get("temperature", device.temperature(TemperatureSensor::Gpu));
+    if read.lost.is_some() {
+        // A lost GPU fails every call; one is enough to know.
+        return GpuSample::default();
+    }
     let utilization = read.get("utilization", device.utilization_rates());
     let memory = read.get("memory_info", device.memory_info());
-    let memory_temperature = read
-        .get(
-            "memory_temperature",
-            device.field_values_for(&[FieldId(FI_DEV_MEMORY_TEMP)]),
-        )
-        .and_then(|values| values.into_iter().next())
-        .and_then(|sample| {
-            let sample: Result<FieldValueSample, NvmlError> = sample;
-            read.get("memory_temperature", sample.and_then(|s| s.value))
-        })
-        .and_then(sample_as_u32);
-    GpuSample {
+    let power_mw = read.get("power", device.power_usage());
+    let energy_mj = read.get("energy", device.total_energy_consumption());
+    let reasons = read
+        .get("clock_event_reasons", device.current_throttle_reasons())
+        .map(|r| r.bits());
+    let fields = Fields::read(device, read);
+    let gpm = sample_gpm(device, &mut gpu.gpm, read);
+
+    let now = Counters {
+        ts_us,
+        energy_mj,
+        pcie_tx_bytes: fields.get(field::PCIE_COUNT_TX_BYTES),
+        pcie_rx_bytes: fields.get(field::PCIE_COUNT_RX_BYTES),
+        nvlink_tx_kib: fields.get(field::NVLINK_THROUGHPUT_DATA_TX),
+        nvlink_rx_kib: fields.get(field::NVLINK_THROUGHPUT_DATA_RX),
+    };
+    let prev = gpu.prev.replace(now);
+    let rate = |pick: fn(&Counters) -> Option<u64>, unit: u64| -> Option<u64> {
+        per_second(prev.as_ref(), &now, pick, unit)
+    };
+    let sample = GpuSample {
         ts_us,
         gpu: gpu.index,
         uuid: gpu.uuid.clone(),
         model: gpu.model.clone(),
-        temperature_c: read.get("temperature", device.temperature(TemperatureSensor::Gpu)),
-        memory_temperature_c: memory_temperature,
-        power_mw: read.get("power", device.power_usage()),
-        energy_mj: read.get("energy", device.total_energy_consumption()),
+        temperature_c,
+        memory_temperature_c: fields.get_u32(field::MEMORY_TEMP),
+        power_mw,
+        energy_mj,
         sm_clock_mhz: read.get("sm_clock", device.clock_info(Clock::SM)),
         memory_clock_mhz: read.get("memory_clock", device.clock_info(Clock::Memory)),
         gpu_util_pct: utilization.as_ref().map(|u| u.gpu),
@@ -225,16 +506,254 @@ fn sample_device(
         fb_used_bytes: memory.as_ref().map(|m| m.used),
         fb_free_bytes: memory.as_ref().map(|m| m.free),
         fb_total_bytes: memory.as_ref().map(|m| m.total),
-        ..GpuSample::default()
+        sm_active_pct: gpm[0],
+        sm_occupancy_pct: gpm[1],
+        tensor_active_pct: gpm[2],
+        dram_active_pct: gpm[3],
+        power_limit_mw: read.get("power_limit", device.enforced_power_limit()),
+        power_avg_mw: rate(|c| c.energy_mj, 1).and_then(|mw| u32::try_from(mw).ok()),
+        clock_event_reasons: reasons,
+        ecc_corrected_volatile: fields.get(field::ECC_SBE_VOL_TOTAL),
+        ecc_uncorrected_volatile: fields.get(field::ECC_DBE_VOL_TOTAL),
+        ecc_corrected_aggregate: fields.get(field::ECC_SBE_AGG_TOTAL),
+        ecc_uncorrected_aggregate: fields.get(field::ECC_DBE_AGG_TOTAL),
+        retired_pages_sbe: fields.get(field::RETIRED_SBE),
+        retired_pages_dbe: fields.get(field::RETIRED_DBE),
+        retired_pages_pending: fields.get_bool(field::RETIRED_PENDING),
+        remapped_rows_corrected: fields.get_u32(field::REMAPPED_COR),
+        remapped_rows_uncorrected: fields.get_u32(field::REMAPPED_UNC),
+        remapped_rows_pending: fields.get_bool(field::REMAPPED_PENDING),
+        remapped_rows_failure: fields.get_bool(field::REMAPPED_FAILURE),
+        pcie_replay_count: fields.get(field::PCIE_REPLAY_COUNTER),
+        pcie_tx_bytes_per_s: rate(|c| c.pcie_tx_bytes, 1),
+        pcie_rx_bytes_per_s: rate(|c| c.pcie_rx_bytes, 1),
+        nvlink_tx_bytes_per_s: rate(|c| c.nvlink_tx_kib, 1024),
+        nvlink_rx_bytes_per_s: rate(|c| c.nvlink_rx_kib, 1024),
+        xid_count,
+    };
+    // The start of a throttling episode is an event: a reason bit that was
+    // clear at the previous tick and is set now.
+    if let Some(now_bits) = reasons {
+        let started = now_bits & !gpu.prev_reasons.unwrap_or(0);
+        for (mask, kind) in [
+            (THERMAL_REASONS, EventKind::ThermalThrottle),
+            (POWER_REASONS, EventKind::PowerThrottle),
+        ] {
+            if started & mask != 0 && gpu.prev_reasons.is_some() {
+                events.push(GpuEvent {
+                    ts_us,
+                    gpu: gpu.index,
+                    uuid: gpu.uuid.clone(),
+                    kind: kind.into(),
+                    code: now_bits,
+                    detail: String::new(),
+                });
+            }
+        }
+    }
+    gpu.prev_reasons = reasons;
+    sample
+}
+
+/// Increase per second of a counter between two ticks, times `unit`; None on
+/// the first tick, when either reading is missing, or when the counter went
+/// backwards (a driver reload resets NVML's counters).
+fn per_second(
+    prev: Option<&Counters>,
+    now: &Counters,
+    pick: fn(&Counters) -> Option<u64>,
+    unit: u64,
+) -> Option<u64> {
+    let prev = prev?;
+    let elapsed_us = u64::try_from(now.ts_us - prev.ts_us)
+        .ok()
+        .filter(|&us| us > 0)?;
+    let increase = pick(now)?.checked_sub(pick(prev)?)?;
+    let per_s = u128::from(increase) * u128::from(unit) * 1_000_000 / u128::from(elapsed_us);
+    u64::try_from(per_s).ok()
+}
+
+/// GPM activity between the previous tick and this one, in GpuSample order.
+fn sample_gpm(
+    device: &Device<'static>,
+    gpm: &mut Option<Option<GpmSample<'static>>>,
+    read: &mut Reader<'_>,
+) -> [Option<f32>; 4] {
+    let mut out = [None; 4];
+    let Some(prev) = gpm.as_mut() else {
+        return out;
+    };
+    let Some(now) = read.get("gpm_sample", device.gpm_sample()) else {
+        *prev = None;
+        return out;
+    };
+    if let Some(before) = prev.take() {
+        let nvml = device.nvml();
+        if let Some(results) = read.get(
+            "gpm_metrics",
+            gpm_metrics_get(nvml, &before, &now, &GPM_METRICS),
+        ) {
+            for (slot, result) in out.iter_mut().zip(results) {
+                *slot = read.get("gpm_metric", result).map(|r| r.value as f32);
+            }
+        }
+    }
+    *prev = Some(now);
+    out
+}
+
+fn list_compute_processes(
+    gpu: &GpuState,
+    ts_us: i64,
+    procfs_root: &Path,
+    read: &mut Reader<'_>,
+    out: &mut Vec<GpuProcess>,
+) {
+    let Some(processes) = read.get("processes", gpu.device.running_compute_processes()) else {
+        return;
+    };
+    for p in processes {
+        // The process may have ended since NVML listed it: an empty name.
+        let command = std::fs::read_to_string(procfs_root.join(p.pid.to_string()).join("comm"))
+            .map(|s| s.trim_end().to_owned())
+            .unwrap_or_default();
+        out.push(GpuProcess {
+            ts_us,
+            gpu: gpu.index,
+            uuid: gpu.uuid.clone(),
+            pid: p.pid,
+            used_memory_bytes: match p.used_gpu_memory {
+                UsedGpuMemory::Used(bytes) => Some(bytes),
+                UsedGpuMemory::Unavailable => None,
+            },
+            command,
+        });
     }
 }
 
-fn sample_as_u32(value: SampleValue) -> Option<u32> {
+fn sample_as_u64(value: SampleValue) -> Option<u64> {
     match value {
-        SampleValue::U32(v) => Some(v),
-        SampleValue::U64(v) => u32::try_from(v).ok(),
-        SampleValue::I64(v) => u32::try_from(v).ok(),
-        SampleValue::F64(v) if v.is_finite() && v >= 0.0 => Some(v.round() as u32),
+        SampleValue::U32(v) => Some(u64::from(v)),
+        SampleValue::U64(v) => Some(v),
+        SampleValue::I64(v) => u64::try_from(v).ok(),
+        SampleValue::F64(v) if v.is_finite() && v >= 0.0 => Some(v.round() as u64),
         SampleValue::F64(_) => None,
+    }
+}
+
+/// The thread that waits on NVML's event set for XID errors.
+#[derive(Debug)]
+struct XidWatcher {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+impl XidWatcher {
+    /// Registers every GPU that reports XID events; None when none does.
+    fn start(nvml: &'static Nvml, gpus: &[GpuState], queue: Arc<Mutex<Vec<Xid>>>) -> Option<Self> {
+        let mut set = match nvml.create_event_set() {
+            Ok(set) => set,
+            Err(e) => {
+                warn!(error = %e, "NVML event set unavailable: XID errors will not be recorded");
+                return None;
+            }
+        };
+        let mut registered = Vec::new();
+        for gpu in gpus {
+            let supported = gpu
+                .device
+                .supported_event_types()
+                .is_ok_and(|t| t.contains(EventTypes::CRITICAL_XID_ERROR));
+            if !supported {
+                warn!(
+                    gpu = gpu.index,
+                    "GPU does not report XID events: its XID errors will not be recorded"
+                );
+                continue;
+            }
+            match gpu
+                .device
+                .register_events(EventTypes::CRITICAL_XID_ERROR, set)
+            {
+                Ok(s) => {
+                    set = s;
+                    registered.push(gpu.index);
+                }
+                Err(e) => {
+                    warn!(gpu = gpu.index, error = %e.error, "cannot watch XID events of this GPU");
+                    // The failed call consumed the set: build it again without this GPU.
+                    set = match nvml.create_event_set() {
+                        Ok(s) => s,
+                        Err(e) => {
+                            warn!(error = %e, "NVML event set unavailable: XID errors will not be recorded");
+                            return None;
+                        }
+                    };
+                    for index in &registered {
+                        let Some(g) = gpus.iter().find(|g| g.index == *index) else {
+                            continue;
+                        };
+                        match g
+                            .device
+                            .register_events(EventTypes::CRITICAL_XID_ERROR, set)
+                        {
+                            Ok(s) => set = s,
+                            Err(_) => return None,
+                        }
+                    }
+                }
+            }
+        }
+        if registered.is_empty() {
+            return None;
+        }
+        debug!(gpus = ?registered, "watching XID events");
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("xid-events".into())
+            .spawn(move || {
+                let mut reported = false;
+                while !stopping.load(Ordering::Relaxed) {
+                    match set.wait(XID_WAIT_MS) {
+                        Ok(event) => {
+                            if !event.event_type.contains(EventTypes::CRITICAL_XID_ERROR) {
+                                continue;
+                            }
+                            let xid = match event.event_data {
+                                Some(XidError::Value(v)) => v,
+                                Some(XidError::Unknown) | None => 0,
+                            };
+                            let Ok(gpu) = event.device.index() else {
+                                continue;
+                            };
+                            warn!(gpu, xid, "XID error");
+                            queue
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .push(Xid {
+                                    gpu,
+                                    xid,
+                                    ts_us: now_us(),
+                                });
+                        }
+                        Err(NvmlError::Timeout) => {}
+                        Err(e) => {
+                            if !reported {
+                                warn!(error = %e, "waiting for XID events failed; retrying every second");
+                                reported = true;
+                            }
+                            std::thread::sleep(std::time::Duration::from_secs(1));
+                        }
+                    }
+                }
+            })
+            .ok()?;
+        Some(Self { stop, thread })
+    }
+
+    fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.thread.join();
     }
 }
