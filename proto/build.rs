@@ -20,6 +20,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "#[derive(serde::Serialize)]",
         );
     }
+    config = config.field_attribute(
+        ".gputel.v1.GpuEvent.kind",
+        "#[serde(serialize_with = \"crate::serialize_event_kind\")]",
+    );
     config.compile_fds(descriptors)?;
     Ok(())
 }

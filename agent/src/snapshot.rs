@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use gputel_proto::{GpuSample, IbPortSample, NodeSample};
+use gputel_proto::{GpuEvent, GpuProcess, GpuSample, IbPortSample, NodeSample};
 use serde::Serialize;
 
 use crate::sampling::{Samplers, now_us};
@@ -20,6 +20,10 @@ pub struct Snapshot {
     pub gpus: Vec<GpuSample>,
     pub host: NodeSample,
     pub ib_ports: Vec<IbPortSample>,
+    /// Events seen while the snapshot was taken (XID errors, lost GPUs, throttling).
+    pub events: Vec<GpuEvent>,
+    /// Compute processes on the GPUs.
+    pub gpu_processes: Vec<GpuProcess>,
     /// Sources or metrics that failed, in words.
     pub errors: Vec<String>,
 }
@@ -35,7 +39,7 @@ pub struct GpuStatus {
 /// Samples twice, `gap` apart, so rates and CPU shares have a previous
 /// reading, and returns the second sample.
 pub fn take(node: &str, mut samplers: Samplers, gap: Duration) -> Snapshot {
-    let _ = samplers.sample(now_us());
+    let first = samplers.sample(now_us()).batch;
     std::thread::sleep(gap);
     let ts_us = now_us();
     let tick = samplers.sample(ts_us);
@@ -52,6 +56,11 @@ pub fn take(node: &str, mut samplers: Samplers, gap: Duration) -> Snapshot {
         },
     };
     let mut batch = tick.batch;
+    // Processes are listed on the first tick; events may come with either.
+    let mut events = first.event;
+    events.append(&mut batch.event);
+    let mut gpu_processes = first.gpu_process;
+    gpu_processes.append(&mut batch.gpu_process);
     Snapshot {
         node: node.to_owned(),
         ts: rfc3339(ts_us),
@@ -61,6 +70,8 @@ pub fn take(node: &str, mut samplers: Samplers, gap: Duration) -> Snapshot {
         gpus: std::mem::take(&mut batch.gpu),
         host: batch.node.pop().unwrap_or_default(),
         ib_ports: batch.ib,
+        events,
+        gpu_processes,
         errors: tick.errors,
     }
 }

@@ -11,7 +11,7 @@ use arrow_array::builder::{
 use arrow_array::types::Int32Type;
 use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::ArrowError;
-use gputel_proto::{EventKind, GpuEvent, GpuProcess, GpuSample, IbPortSample, NodeSample};
+use gputel_proto::{GpuEvent, GpuProcess, GpuSample, IbPortSample, NodeSample};
 use gputel_schemas::{PartitionKey, Table};
 
 use crate::validate::ValidBatch;
@@ -311,23 +311,12 @@ table_rows!(IbRows for IbPortSample, |node, s| {
     port_xmit_wait: Int64Builder = s.port_xmit_wait.map(i64_of),
 });
 
-/// The `kind` column's value for an event kind.
-pub fn event_kind_name(kind: EventKind) -> &'static str {
-    match kind {
-        EventKind::Unspecified => "unspecified",
-        EventKind::Xid => "xid",
-        EventKind::GpuLost => "gpu_lost",
-        EventKind::ThermalThrottle => "thermal_throttle",
-        EventKind::PowerThrottle => "power_throttle",
-    }
-}
-
 table_rows!(EventRows for GpuEvent, |node, s| {
     ts: Ts = s.ts_us,
     node: Dict = node,
     gpu: Int32Builder = Some(i32_of(s.gpu)),
     uuid: Dict = s.uuid.as_str(),
-    kind: Dict = event_kind_name(s.kind()),
+    kind: Dict = s.kind().name(),
     code: Int64Builder = Some(i64_of(s.code)),
     detail: StringBuilder = s.detail.as_str(),
 });
