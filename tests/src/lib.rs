@@ -250,3 +250,63 @@ pub fn table_scan(store: &Path, table: &str) -> String {
         store.display()
     )
 }
+
+/// Prometheus' `promtool`: `$GPUTEL_PROMTOOL`, else `promtool` on PATH.
+pub fn promtool_bin() -> PathBuf {
+    let path = std::env::var_os("GPUTEL_PROMTOOL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("promtool"));
+    let found = Command::new(&path)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(
+        found,
+        "promtool ({}) is not installed: scripts/test installs it (Debian package prometheus)",
+        path.display()
+    );
+    path
+}
+
+/// Runs `promtool check metrics` on an exposition `text`; returns its lint
+/// complaints as (metric, complaint) pairs. Fails the test when promtool
+/// cannot parse the text at all.
+pub fn promtool_check_metrics(text: &str) -> Vec<(String, String)> {
+    use std::io::Write;
+    let mut child = Command::new(promtool_bin())
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run promtool");
+    child
+        .stdin
+        .take()
+        .expect("stdin is piped")
+        .write_all(text.as_bytes())
+        .expect("write to promtool");
+    let out = child.wait_with_output().expect("wait for promtool");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // Exit status 0: clean; 3: lint complaints only; anything else: broken.
+    assert!(
+        matches!(out.status.code(), Some(0 | 3)),
+        "promtool check metrics failed ({}): {stderr}",
+        out.status
+    );
+    let complaints: Vec<(String, String)> = stderr
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let (metric, text) = l.split_once(' ').unwrap_or((l, ""));
+            (metric.to_owned(), text.to_owned())
+        })
+        .collect();
+    assert_eq!(
+        out.status.code() == Some(3),
+        !complaints.is_empty(),
+        "promtool's status {} does not match its output: {stderr}",
+        out.status
+    );
+    complaints
+}

@@ -708,6 +708,13 @@ impl XidWatcher {
             return None;
         }
         debug!(gpus = ?registered, "watching XID events");
+        // Events name their device by handle; asking a lost GPU its index
+        // fails, so match handles instead.
+        // SAFETY: the handles are only compared, never used to make calls.
+        let handles: Vec<(usize, u32)> = gpus
+            .iter()
+            .map(|g| (unsafe { g.device.handle() } as usize, g.index))
+            .collect();
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
@@ -724,7 +731,10 @@ impl XidWatcher {
                                 Some(XidError::Value(v)) => v,
                                 Some(XidError::Unknown) | None => 0,
                             };
-                            let Ok(gpu) = event.device.index() else {
+                            // SAFETY: compared only, as above.
+                            let handle = unsafe { event.device.handle() } as usize;
+                            let Some(&(_, gpu)) = handles.iter().find(|(h, _)| *h == handle)
+                            else {
                                 continue;
                             };
                             warn!(gpu, xid, "XID error");

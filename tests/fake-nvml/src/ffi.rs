@@ -3,26 +3,44 @@
 //!
 //! Every function catches panics (a panic must not unwind into C) and takes
 //! the one global lock, so calls from many threads see a consistent state.
+//! `nvmlEventSetWait_v2` releases the lock while it blocks.
 
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::{CStr, c_char, c_int, c_uint, c_ulonglong};
 use std::io::Write;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::ptr;
-use std::sync::{Mutex, MutexGuard, PoisonError};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use nvml_wrapper_sys::bindings::{
+    NVML_GPM_METRICS_GET_VERSION, NVML_GPM_SUPPORT_VERSION, NVML_VALUE_NOT_AVAILABLE,
     field_id::{
-        NVML_FI_DEV_MEMORY_TEMP, NVML_FI_DEV_POWER_AVERAGE, NVML_FI_DEV_POWER_INSTANT,
-        NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION,
+        NVML_FI_DEV_ECC_DBE_AGG_TOTAL, NVML_FI_DEV_ECC_DBE_VOL_TOTAL,
+        NVML_FI_DEV_ECC_SBE_AGG_TOTAL, NVML_FI_DEV_ECC_SBE_VOL_TOTAL, NVML_FI_DEV_MEMORY_TEMP,
+        NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+        NVML_FI_DEV_PCIE_COUNT_RX_BYTES, NVML_FI_DEV_PCIE_COUNT_TX_BYTES,
+        NVML_FI_DEV_PCIE_REPLAY_COUNTER, NVML_FI_DEV_POWER_AVERAGE, NVML_FI_DEV_POWER_INSTANT,
+        NVML_FI_DEV_REMAPPED_COR, NVML_FI_DEV_REMAPPED_FAILURE, NVML_FI_DEV_REMAPPED_PENDING,
+        NVML_FI_DEV_REMAPPED_UNC, NVML_FI_DEV_RETIRED_DBE, NVML_FI_DEV_RETIRED_PENDING,
+        NVML_FI_DEV_RETIRED_SBE, NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION,
     },
     nvmlClockType_enum_NVML_CLOCK_GRAPHICS as CLOCK_GRAPHICS,
     nvmlClockType_enum_NVML_CLOCK_MEM as CLOCK_MEM, nvmlClockType_enum_NVML_CLOCK_SM as CLOCK_SM,
     nvmlClockType_enum_NVML_CLOCK_VIDEO as CLOCK_VIDEO, nvmlClockType_t, nvmlDevice_st,
-    nvmlDevice_t, nvmlFieldValue_t, nvmlMemory_v2_t, nvmlPciInfo_t, nvmlReturn_t,
-    nvmlTemperatureSensors_enum_NVML_TEMPERATURE_GPU, nvmlTemperatureSensors_t, nvmlUtilization_t,
-    nvmlValue_t, nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT,
-    nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,
+    nvmlDevice_t, nvmlEventData_t, nvmlEventMigConfigChange, nvmlEventSet_st, nvmlEventSet_t,
+    nvmlEventTypeDoubleBitEccError, nvmlEventTypePState, nvmlEventTypeSingleBitEccError,
+    nvmlEventTypeXidCriticalError, nvmlFieldValue_t, nvmlGpmMetric_t__bindgen_ty_1,
+    nvmlGpmMetricId_t_NVML_GPM_METRIC_ANY_TENSOR_UTIL as GPM_ANY_TENSOR_UTIL,
+    nvmlGpmMetricId_t_NVML_GPM_METRIC_DRAM_BW_UTIL as GPM_DRAM_BW_UTIL,
+    nvmlGpmMetricId_t_NVML_GPM_METRIC_GRAPHICS_UTIL as GPM_GRAPHICS_UTIL,
+    nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_OCCUPANCY as GPM_SM_OCCUPANCY,
+    nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_UTIL as GPM_SM_UTIL, nvmlGpmMetricsGet_t,
+    nvmlGpmSample_st, nvmlGpmSample_t, nvmlGpmSupport_t, nvmlMemory_v2_t, nvmlPciInfo_t,
+    nvmlProcessInfo_t, nvmlReturn_t, nvmlTemperatureSensors_enum_NVML_TEMPERATURE_GPU,
+    nvmlTemperatureSensors_t, nvmlUtilization_t, nvmlValue_t,
+    nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT,
+    nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, nvmlValueType_t,
 };
 use nvml_wrapper_sys::bindings::{
     nvmlReturn_enum_NVML_ERROR_ALREADY_INITIALIZED as ALREADY_INITIALIZED,
@@ -49,30 +67,111 @@ use nvml_wrapper_sys::bindings::{
     nvmlReturn_enum_NVML_ERROR_UNKNOWN as UNKNOWN, nvmlReturn_enum_NVML_SUCCESS as SUCCESS,
 };
 
-use crate::metric::Fault;
-use crate::scenario::{Gpu, SCENARIO_ENV, Scenario};
+use crate::metric::{Fault, Metric};
+use crate::scenario::{Gpu, SCENARIO_ENV, Scenario, XidEvent};
 
 /// What `nvmlMemory_v2_t.version` must hold: NVML_STRUCT_VERSION(Memory, 2).
 pub const MEMORY_V2_VERSION: c_uint = (size_of::<nvmlMemory_v2_t>() | (2 << 24)) as c_uint;
+
+/// What `nvmlDeviceGetSupportedEventTypes` reports, as an H100 does: ECC
+/// errors, P-state changes, XID errors and MIG configuration changes. Only
+/// XID events ever fire.
+pub const SUPPORTED_EVENT_TYPES: u64 = (nvmlEventTypeSingleBitEccError
+    | nvmlEventTypeDoubleBitEccError
+    | nvmlEventTypePState
+    | nvmlEventTypeXidCriticalError
+    | nvmlEventMigConfigChange) as u64;
+
+const XID_EVENT: u64 = nvmlEventTypeXidCriticalError as u64;
+
+/// `gpuInstanceId` / `computeInstanceId` of a GPU without MIG.
+const NO_INSTANCE: c_uint = 0xFFFF_FFFF;
+
+/// When and on which GPU `nvmlGpmSampleGet` filled a sample.
+#[derive(Debug, Clone, Copy)]
+struct GpmTaken {
+    gpu: usize,
+    elapsed_ms: u64,
+    /// Order of `nvmlGpmSampleGet` calls: a later sample has a larger number.
+    seq: u64,
+}
+
+/// A sample from `nvmlGpmSampleAlloc`; its heap address is its handle.
+#[derive(Debug, Default)]
+struct GpmSampleSlot {
+    taken: Option<GpmTaken>,
+}
+
+/// A set from `nvmlEventSetCreate`; its heap address is its handle.
+#[derive(Debug, Default)]
+struct EventSetSlot {
+    /// Event types registered, by GPU index.
+    registered: BTreeMap<usize, u64>,
+    /// How many of each GPU's XID events this set has received, by GPU index.
+    delivered: BTreeMap<usize, usize>,
+}
 
 /// The library's state between `nvmlInit` and the matching last `nvmlShutdown`.
 struct Session {
     scenario: Scenario,
     started: Instant,
+    /// Live GPM samples by handle address.
+    gpm_samples: HashMap<usize, Box<GpmSampleSlot>>,
+    /// Live event sets by handle address.
+    event_sets: HashMap<usize, Box<EventSetSlot>>,
+    /// `nvmlGpmSampleGet` calls so far.
+    gpm_samples_taken: u64,
 }
 
 impl Session {
+    fn new(scenario: Scenario) -> Session {
+        Session {
+            scenario,
+            started: Instant::now(),
+            gpm_samples: HashMap::new(),
+            event_sets: HashMap::new(),
+            gpm_samples_taken: 0,
+        }
+    }
+
     fn elapsed_ms(&self) -> u64 {
         u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// The GPU behind a handle from `nvmlDeviceGetHandleByIndex_v2`.
-    fn gpu(&self, device: nvmlDevice_t) -> Option<&Gpu> {
+    /// The index of the GPU behind a handle from `nvmlDeviceGetHandleByIndex_v2`.
+    fn gpu_index(&self, device: nvmlDevice_t) -> Option<usize> {
         // Handles are index + 1, so a null handle is never valid.
         device
             .addr()
             .checked_sub(1)
-            .and_then(|i| self.scenario.gpus.get(i))
+            .filter(|i| *i < self.scenario.gpus.len())
+    }
+
+    /// The index of a handle's GPU and the time since init, or the error
+    /// every device call returns for an unknown handle or a lost GPU.
+    fn live_gpu(&self, device: nvmlDevice_t) -> Result<(usize, u64), nvmlReturn_t> {
+        let t = self.elapsed_ms();
+        let index = self.gpu_index(device).ok_or(INVALID_ARGUMENT)?;
+        match self.scenario.gpus.get(index) {
+            Some(gpu) if gpu.is_lost(t) => Err(GPU_IS_LOST),
+            Some(_) => Ok((index, t)),
+            None => Err(INVALID_ARGUMENT),
+        }
+    }
+
+    /// The next XID event the set will receive, with its GPU index: the
+    /// earliest undelivered one over the GPUs it registered (the lower index
+    /// first at equal times).
+    fn next_xid(&self, set: &EventSetSlot) -> Option<(usize, XidEvent)> {
+        set.registered
+            .iter()
+            .filter(|(_, types)| *types & XID_EVENT != 0)
+            .filter_map(|(&index, _)| {
+                let events = self.scenario.gpus.get(index)?.deliverable_xid_events();
+                let delivered = set.delivered.get(&index).copied().unwrap_or(0);
+                events.get(delivered).map(|e| (index, *e))
+            })
+            .min_by_key(|(index, e)| (e.at_ms, *index))
     }
 }
 
@@ -87,9 +186,14 @@ static STATE: Mutex<State> = Mutex::new(State {
     session: None,
 });
 
+/// Wakes `nvmlEventSetWait_v2` callers when a set or the session goes away
+/// (due events need no wake-up: waiters sleep exactly until the next one).
+static WAKE: Condvar = Condvar::new();
+
 fn lock() -> MutexGuard<'static, State> {
-    // Every update of the state is a plain assignment, so a panic caught by
-    // `guard` cannot leave it half-changed: a poisoned lock is still usable.
+    // Every update of the state is one assignment or one map insert or
+    // remove, so a panic caught by `guard` cannot leave it half-changed: a
+    // poisoned lock is still usable.
     STATE.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -106,11 +210,23 @@ fn with_session(f: impl FnOnce(&Session) -> nvmlReturn_t) -> nvmlReturn_t {
     })
 }
 
-/// Runs `f` with the handle's GPU and the time since init.
+/// Runs `f` with the session to change, or returns NVML_ERROR_UNINITIALIZED.
+fn with_session_mut(f: impl FnOnce(&mut Session) -> nvmlReturn_t) -> nvmlReturn_t {
+    guard(|| match &mut lock().session {
+        Some(session) => f(session),
+        None => UNINITIALIZED,
+    })
+}
+
+/// Runs `f` with the handle's GPU and the time since init; a lost GPU
+/// returns NVML_ERROR_GPU_IS_LOST without calling `f`.
 fn with_gpu(device: nvmlDevice_t, f: impl FnOnce(&Gpu, u64) -> nvmlReturn_t) -> nvmlReturn_t {
-    with_session(|session| match session.gpu(device) {
-        Some(gpu) => f(gpu, session.elapsed_ms()),
-        None => INVALID_ARGUMENT,
+    with_session(|session| match session.live_gpu(device) {
+        Ok((index, t)) => match session.scenario.gpus.get(index) {
+            Some(gpu) => f(gpu, t),
+            None => INVALID_ARGUMENT,
+        },
+        Err(code) => code,
     })
 }
 
@@ -192,10 +308,7 @@ fn init() -> nvmlReturn_t {
         if let Some(fault) = scenario.init_error {
             return fault.code();
         }
-        state.session = Some(Session {
-            scenario,
-            started: Instant::now(),
-        });
+        state.session = Some(Session::new(scenario));
         state.refcount = 1;
         SUCCESS
     })
@@ -223,6 +336,8 @@ pub extern "C" fn nvmlShutdown() -> nvmlReturn_t {
             1 => {
                 state.refcount = 0;
                 state.session = None;
+                // Blocked waits return NVML_ERROR_UNINITIALIZED.
+                WAKE.notify_all();
                 SUCCESS
             }
             n => {
@@ -314,10 +429,12 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
     device: *mut nvmlDevice_t,
 ) -> nvmlReturn_t {
     with_session(|s| {
-        if index as usize >= s.scenario.gpus.len() {
-            return INVALID_ARGUMENT;
-        }
         let handle = ptr::without_provenance_mut::<nvmlDevice_st>(index as usize + 1);
+        // Like the real driver (nvidia-smi's "Unable to determine the device
+        // handle for GPU …: GPU is lost"), a lost GPU has no handle.
+        if let Err(code) = s.live_gpu(handle) {
+            return code;
+        }
         // SAFETY: forwarded from the caller.
         unsafe { put(device, Ok(handle)) }
     })
@@ -483,8 +600,8 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     })
 }
 
-/// Field values: memory temperature, total energy, and average and instant
-/// power; any other field id gets NVML_ERROR_NOT_SUPPORTED in its entry.
+/// Field values (the ids `field_value` knows); any other field id gets
+/// NVML_ERROR_NOT_SUPPORTED in its entry.
 ///
 /// # Safety
 /// `values` must be null or valid for reads and writes of `values_count` entries.
@@ -512,30 +629,7 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
         for entry in entries {
             entry.timestamp = timestamp_us;
             entry.latencyUsec = 0;
-            let reading = match entry.fieldId {
-                NVML_FI_DEV_MEMORY_TEMP => as_c_uint(g.read(&g.memory_temperature_c, t)).map(|v| {
-                    (
-                        nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT,
-                        nvmlValue_t { uiVal: v },
-                    )
-                }),
-                NVML_FI_DEV_POWER_INSTANT | NVML_FI_DEV_POWER_AVERAGE => {
-                    as_c_uint(g.read(&g.power_mw, t)).map(|v| {
-                        (
-                            nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT,
-                            nvmlValue_t { uiVal: v },
-                        )
-                    })
-                }
-                NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION => g.energy_mj(t).map(|v| {
-                    (
-                        nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,
-                        nvmlValue_t { ullVal: v },
-                    )
-                }),
-                _ => Err(Fault::NotSupported),
-            };
-            match reading {
+            match field_value(g, entry.fieldId, t) {
                 Ok((value_type, value)) => {
                     entry.valueType = value_type;
                     entry.value = value;
@@ -546,6 +640,49 @@ pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
         }
         SUCCESS
     })
+}
+
+/// One field value of `g` at `t`: its NVML value type and value.
+fn field_value(g: &Gpu, field_id: c_uint, t: u64) -> Result<(nvmlValueType_t, nvmlValue_t), Fault> {
+    let uint = |metric: &Metric| {
+        as_c_uint(g.read(metric, t)).map(|v| {
+            (
+                nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT,
+                nvmlValue_t { uiVal: v },
+            )
+        })
+    };
+    let ull = |value: Result<u64, Fault>| {
+        value.map(|v| {
+            (
+                nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,
+                nvmlValue_t { ullVal: v },
+            )
+        })
+    };
+    match field_id {
+        NVML_FI_DEV_MEMORY_TEMP => uint(&g.memory_temperature_c),
+        NVML_FI_DEV_POWER_INSTANT | NVML_FI_DEV_POWER_AVERAGE => uint(&g.power_mw),
+        NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION => ull(g.energy_mj(t)),
+        NVML_FI_DEV_ECC_SBE_VOL_TOTAL => ull(g.read(&g.ecc_sbe_volatile, t)),
+        NVML_FI_DEV_ECC_DBE_VOL_TOTAL => ull(g.read(&g.ecc_dbe_volatile, t)),
+        NVML_FI_DEV_ECC_SBE_AGG_TOTAL => ull(g.read(&g.ecc_sbe_aggregate, t)),
+        NVML_FI_DEV_ECC_DBE_AGG_TOTAL => ull(g.read(&g.ecc_dbe_aggregate, t)),
+        NVML_FI_DEV_RETIRED_SBE => ull(g.read(&g.retired_pages_sbe, t)),
+        NVML_FI_DEV_RETIRED_DBE => ull(g.read(&g.retired_pages_dbe, t)),
+        NVML_FI_DEV_RETIRED_PENDING => uint(&g.retired_pages_pending),
+        NVML_FI_DEV_REMAPPED_COR => uint(&g.remapped_rows_corrected),
+        NVML_FI_DEV_REMAPPED_UNC => uint(&g.remapped_rows_uncorrected),
+        NVML_FI_DEV_REMAPPED_PENDING => uint(&g.remapped_rows_pending),
+        NVML_FI_DEV_REMAPPED_FAILURE => uint(&g.remapped_rows_failure),
+        NVML_FI_DEV_PCIE_REPLAY_COUNTER => ull(g.read(&g.pcie_replay_count, t)),
+        NVML_FI_DEV_PCIE_COUNT_TX_BYTES => ull(g.pcie_tx_bytes(t)),
+        NVML_FI_DEV_PCIE_COUNT_RX_BYTES => ull(g.pcie_rx_bytes(t)),
+        // Summed over all links, whatever the entry's scopeId.
+        NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX => ull(g.nvlink_tx_kib(t)),
+        NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX => ull(g.nvlink_rx_kib(t)),
+        _ => Err(Fault::NotSupported),
+    }
 }
 
 /// PCI address and ids.
@@ -584,5 +721,402 @@ pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
     // SAFETY: forwarded from the caller.
     with_gpu(device, |g, _| unsafe {
         put(minor_number, Ok(g.minor_number))
+    })
+}
+
+/// The power limit the driver enforces, in mW (`power_limit_mw`).
+///
+/// # Safety
+/// `limit` must be null or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetEnforcedPowerLimit(
+    device: nvmlDevice_t,
+    limit: *mut c_uint,
+) -> nvmlReturn_t {
+    // SAFETY: forwarded from the caller.
+    with_gpu(device, |g, t| unsafe {
+        put(limit, as_c_uint(g.read(&g.power_limit_mw, t)))
+    })
+}
+
+/// The power management limit, in mW: the same `power_limit_mw`.
+///
+/// # Safety
+/// `limit` must be null or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPowerManagementLimit(
+    device: nvmlDevice_t,
+    limit: *mut c_uint,
+) -> nvmlReturn_t {
+    // SAFETY: forwarded from the caller.
+    with_gpu(device, |g, t| unsafe {
+        put(limit, as_c_uint(g.read(&g.power_limit_mw, t)))
+    })
+}
+
+/// Why the clocks are held down: the `clock_event_reasons` bitmask.
+///
+/// # Safety
+/// `reasons` must be null or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksEventReasons(
+    device: nvmlDevice_t,
+    reasons: *mut c_ulonglong,
+) -> nvmlReturn_t {
+    // SAFETY: forwarded from the caller.
+    with_gpu(device, |g, t| unsafe {
+        put(reasons, g.read(&g.clock_event_reasons, t))
+    })
+}
+
+/// The older name of `nvmlDeviceGetCurrentClocksEventReasons`, same result.
+///
+/// # Safety
+/// `reasons` must be null or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksThrottleReasons(
+    device: nvmlDevice_t,
+    reasons: *mut c_ulonglong,
+) -> nvmlReturn_t {
+    // SAFETY: forwarded from the caller.
+    unsafe { nvmlDeviceGetCurrentClocksEventReasons(device, reasons) }
+}
+
+/// The processes with a compute context now. With `*info_count` smaller
+/// than their number (0 and a null `infos` to ask), sets it to that number
+/// and returns NVML_ERROR_INSUFFICIENT_SIZE.
+///
+/// # Safety
+/// `info_count` must be null or valid for reads and writes; `infos` must be
+/// null or valid for writes of `*info_count` entries.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+    device: nvmlDevice_t,
+    info_count: *mut c_uint,
+    infos: *mut nvmlProcessInfo_t,
+) -> nvmlReturn_t {
+    with_gpu(device, |g, t| {
+        if info_count.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        let running: Vec<_> = g.processes_at(t).collect();
+        let needed = c_uint::try_from(running.len()).unwrap_or(c_uint::MAX);
+        // SAFETY: non-null, and the caller promises it is valid.
+        let capacity = unsafe { info_count.read() };
+        if capacity < needed {
+            // SAFETY: as above.
+            unsafe { info_count.write(needed) };
+            return INSUFFICIENT_SIZE;
+        }
+        if needed > 0 && infos.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        for (i, p) in running.iter().enumerate() {
+            let info = nvmlProcessInfo_t {
+                pid: p.pid,
+                // NVML_VALUE_NOT_AVAILABLE is -1: all bits set.
+                usedGpuMemory: p
+                    .used_memory_bytes
+                    .unwrap_or(NVML_VALUE_NOT_AVAILABLE as c_ulonglong),
+                gpuInstanceId: NO_INSTANCE,
+                computeInstanceId: NO_INSTANCE,
+            };
+            // SAFETY: i < needed <= capacity, the caller's entry count.
+            unsafe { infos.add(i).write(info) };
+        }
+        // SAFETY: as above.
+        unsafe { info_count.write(needed) };
+        SUCCESS
+    })
+}
+
+/// Whether the GPU supports GPM (`gpm`); the caller sets `version` to
+/// NVML_GPM_SUPPORT_VERSION.
+///
+/// # Safety
+/// `support` must be null or valid for reads and writes of `nvmlGpmSupport_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlGpmQueryDeviceSupport(
+    device: nvmlDevice_t,
+    support: *mut nvmlGpmSupport_t,
+) -> nvmlReturn_t {
+    with_gpu(device, |g, _| {
+        if support.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        // SAFETY: non-null, and the caller promises it is valid.
+        let support = unsafe { &mut *support };
+        if support.version != NVML_GPM_SUPPORT_VERSION {
+            return ARGUMENT_VERSION_MISMATCH;
+        }
+        support.isSupportedDevice = c_uint::from(g.gpm);
+        SUCCESS
+    })
+}
+
+/// A new, empty GPM sample.
+///
+/// # Safety
+/// `sample` must be null or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlGpmSampleAlloc(sample: *mut nvmlGpmSample_t) -> nvmlReturn_t {
+    with_session_mut(|session| {
+        if sample.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        let mut slot = Box::<GpmSampleSlot>::default();
+        let handle = ptr::from_mut(&mut *slot).cast::<nvmlGpmSample_st>();
+        session.gpm_samples.insert(handle.addr(), slot);
+        // SAFETY: forwarded from the caller.
+        unsafe { put(sample, Ok(handle)) }
+    })
+}
+
+/// Frees a sample from `nvmlGpmSampleAlloc`.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlGpmSampleFree(sample: nvmlGpmSample_t) -> nvmlReturn_t {
+    with_session_mut(|session| match session.gpm_samples.remove(&sample.addr()) {
+        Some(_) => SUCCESS,
+        None => INVALID_ARGUMENT,
+    })
+}
+
+/// Records in `sample` that it was taken on this GPU, now.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlGpmSampleGet(device: nvmlDevice_t, sample: nvmlGpmSample_t) -> nvmlReturn_t {
+    with_session_mut(|session| {
+        let (gpu, elapsed_ms) = match session.live_gpu(device) {
+            Ok(found) => found,
+            Err(code) => return code,
+        };
+        if !session.scenario.gpus.get(gpu).is_some_and(|g| g.gpm) {
+            return NOT_SUPPORTED;
+        }
+        session.gpm_samples_taken += 1;
+        let seq = session.gpm_samples_taken;
+        match session.gpm_samples.get_mut(&sample.addr()) {
+            Some(slot) => {
+                slot.taken = Some(GpmTaken {
+                    gpu,
+                    elapsed_ms,
+                    seq,
+                });
+                SUCCESS
+            }
+            None => INVALID_ARGUMENT,
+        }
+    })
+}
+
+/// The GPM metric of `g` with NVML id `id`, if the scenario has it.
+fn gpm_metric(g: &Gpu, id: c_uint) -> Option<&Metric<f64>> {
+    match id {
+        GPM_GRAPHICS_UTIL => Some(&g.graphics_active_pct),
+        GPM_SM_UTIL => Some(&g.sm_active_pct),
+        GPM_SM_OCCUPANCY => Some(&g.sm_occupancy_pct),
+        GPM_ANY_TENSOR_UTIL => Some(&g.tensor_active_pct),
+        GPM_DRAM_BW_UTIL => Some(&g.dram_active_pct),
+        _ => None,
+    }
+}
+
+/// The requested GPM metrics between two samples of one GPU, as the
+/// scenario has them at the second sample's time; an unknown metric id gets
+/// NVML_ERROR_NOT_SUPPORTED in its entry.
+///
+/// # Safety
+/// `metrics_get` must be null or valid for reads and writes of `nvmlGpmMetricsGet_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlGpmMetricsGet(metrics_get: *mut nvmlGpmMetricsGet_t) -> nvmlReturn_t {
+    with_session(|session| {
+        if metrics_get.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        // SAFETY: non-null, and the caller promises it is valid.
+        let request = unsafe { &mut *metrics_get };
+        if request.version != NVML_GPM_METRICS_GET_VERSION {
+            return ARGUMENT_VERSION_MISMATCH;
+        }
+        let taken = |sample: nvmlGpmSample_t| {
+            session
+                .gpm_samples
+                .get(&sample.addr())
+                .and_then(|slot| slot.taken)
+        };
+        let (Some(first), Some(second)) = (taken(request.sample1), taken(request.sample2)) else {
+            return INVALID_ARGUMENT;
+        };
+        if first.gpu != second.gpu || second.seq <= first.seq {
+            return INVALID_ARGUMENT;
+        }
+        let Some(g) = session.scenario.gpus.get(second.gpu) else {
+            return INVALID_ARGUMENT;
+        };
+        if g.is_lost(session.elapsed_ms()) {
+            return GPU_IS_LOST;
+        }
+        if !g.gpm {
+            return NOT_SUPPORTED;
+        }
+        let Some(entries) = request.metrics.get_mut(..request.numMetrics as usize) else {
+            return INVALID_ARGUMENT;
+        };
+        for entry in entries {
+            entry.metricInfo = nvmlGpmMetric_t__bindgen_ty_1 {
+                shortName: ptr::null_mut(),
+                longName: ptr::null_mut(),
+                unit: ptr::null_mut(),
+            };
+            let value = gpm_metric(g, entry.metricId)
+                .ok_or(Fault::NotSupported)
+                .and_then(|m| g.read(m, second.elapsed_ms));
+            match value {
+                Ok(v) => {
+                    entry.value = v;
+                    entry.nvmlReturn = SUCCESS;
+                }
+                Err(fault) => {
+                    entry.value = 0.0;
+                    entry.nvmlReturn = fault.code();
+                }
+            }
+        }
+        SUCCESS
+    })
+}
+
+/// A new, empty event set.
+///
+/// # Safety
+/// `set` must be null or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut nvmlEventSet_t) -> nvmlReturn_t {
+    with_session_mut(|session| {
+        if set.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        let mut slot = Box::<EventSetSlot>::default();
+        let handle = ptr::from_mut(&mut *slot).cast::<nvmlEventSet_st>();
+        session.event_sets.insert(handle.addr(), slot);
+        // SAFETY: forwarded from the caller.
+        unsafe { put(set, Ok(handle)) }
+    })
+}
+
+/// Frees a set from `nvmlEventSetCreate`; a wait blocked on it returns
+/// NVML_ERROR_INVALID_ARGUMENT.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlEventSetFree(set: nvmlEventSet_t) -> nvmlReturn_t {
+    with_session_mut(|session| match session.event_sets.remove(&set.addr()) {
+        Some(_) => {
+            WAKE.notify_all();
+            SUCCESS
+        }
+        None => INVALID_ARGUMENT,
+    })
+}
+
+/// The event types this GPU can report: [`SUPPORTED_EVENT_TYPES`].
+///
+/// # Safety
+/// `event_types` must be null or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
+    device: nvmlDevice_t,
+    event_types: *mut c_ulonglong,
+) -> nvmlReturn_t {
+    // SAFETY: forwarded from the caller.
+    with_gpu(device, |_, _| unsafe {
+        put(event_types, Ok(SUPPORTED_EVENT_TYPES))
+    })
+}
+
+/// Adds this GPU's `event_types` to the set; types the GPU does not support
+/// return NVML_ERROR_NOT_SUPPORTED.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlDeviceRegisterEvents(
+    device: nvmlDevice_t,
+    event_types: c_ulonglong,
+    set: nvmlEventSet_t,
+) -> nvmlReturn_t {
+    with_session_mut(|session| {
+        let gpu = match session.live_gpu(device) {
+            Ok((gpu, _)) => gpu,
+            Err(code) => return code,
+        };
+        if event_types & !SUPPORTED_EVENT_TYPES != 0 {
+            return NOT_SUPPORTED;
+        }
+        let Some(slot) = session.event_sets.get_mut(&set.addr()) else {
+            return INVALID_ARGUMENT;
+        };
+        *slot.registered.entry(gpu).or_insert(0) |= event_types;
+        // A wait already blocked on this set may now have an event due.
+        WAKE.notify_all();
+        SUCCESS
+    })
+}
+
+/// The next XID event for the set, waiting up to `timeout_ms` for one to
+/// fall due; NVML_ERROR_TIMEOUT when none did. Blocks without the lock.
+///
+/// # Safety
+/// `data` must be null or valid for a write of `nvmlEventData_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlEventSetWait_v2(
+    set: nvmlEventSet_t,
+    data: *mut nvmlEventData_t,
+    timeout_ms: c_uint,
+) -> nvmlReturn_t {
+    guard(|| {
+        let called = Instant::now();
+        let deadline = called
+            .checked_add(Duration::from_millis(u64::from(timeout_ms)))
+            .unwrap_or(called);
+        let mut state = lock();
+        loop {
+            let Some(session) = state.session.as_mut() else {
+                return UNINITIALIZED;
+            };
+            if data.is_null() {
+                return INVALID_ARGUMENT;
+            }
+            let Some(slot) = session.event_sets.get(&set.addr()) else {
+                return INVALID_ARGUMENT;
+            };
+            let now_ms = session.elapsed_ms();
+            let wake = match session.next_xid(slot) {
+                Some((gpu, event)) if event.at_ms <= now_ms => {
+                    if let Some(slot) = session.event_sets.get_mut(&set.addr()) {
+                        *slot.delivered.entry(gpu).or_insert(0) += 1;
+                    }
+                    let event = nvmlEventData_t {
+                        device: ptr::without_provenance_mut::<nvmlDevice_st>(gpu + 1),
+                        eventType: XID_EVENT,
+                        eventData: event.xid,
+                        gpuInstanceId: NO_INSTANCE,
+                        computeInstanceId: NO_INSTANCE,
+                    };
+                    // SAFETY: non-null, and the caller promises it is valid.
+                    unsafe { data.write(event) };
+                    return SUCCESS;
+                }
+                Some((_, event)) => session
+                    .started
+                    .checked_add(Duration::from_millis(event.at_ms))
+                    .unwrap_or(deadline),
+                None => deadline,
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                return TIMEOUT;
+            }
+            // Sleeps without the lock, so other threads' calls go on.
+            let timeout = wake.min(deadline).saturating_duration_since(now);
+            state = WAKE
+                .wait_timeout(state, timeout)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
     })
 }

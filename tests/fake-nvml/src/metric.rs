@@ -1,7 +1,9 @@
 //! Metric values in a scenario: a constant, a trace that steps through time,
 //! or an injected NVML error, and how they evaluate at an elapsed time.
+//! Most metrics hold integers; the GPM percentages hold reals.
 
 use std::fmt;
+use std::marker::PhantomData;
 
 use nvml_wrapper_sys::bindings::{
     nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED, nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST,
@@ -81,25 +83,72 @@ impl<'de> Deserialize<'de> for Fault {
     }
 }
 
+/// What a metric's values are: whole numbers (`u64`, most metrics) or
+/// non-negative reals (`f64`, the GPM percentages). A value of the wrong kind
+/// is a parse error naming the key's line.
+pub trait Value: Copy + PartialEq + fmt::Debug + fmt::Display {
+    /// How the parser describes one value of this kind in an error.
+    const EXPECTING: &'static str;
+
+    /// A TOML integer, already known to be non-negative.
+    fn from_u64(v: u64) -> Self;
+
+    /// A TOML float, or why this kind of metric does not take it.
+    fn from_f64(v: f64) -> Result<Self, String>;
+}
+
+impl Value for u64 {
+    const EXPECTING: &'static str = "a non-negative integer";
+
+    fn from_u64(v: u64) -> u64 {
+        v
+    }
+
+    fn from_f64(v: f64) -> Result<u64, String> {
+        Err(format!(
+            "{v} is not an integer; this metric takes whole numbers in the unit its key names"
+        ))
+    }
+}
+
+impl Value for f64 {
+    const EXPECTING: &'static str = "a non-negative number";
+
+    fn from_u64(v: u64) -> f64 {
+        // Percentages and rates: far below 2^53, so exact.
+        v as f64
+    }
+
+    fn from_f64(v: f64) -> Result<f64, String> {
+        if v.is_finite() && v >= 0.0 {
+            Ok(v)
+        } else {
+            Err(format!("{v} is not a finite, non-negative number"))
+        }
+    }
+}
+
 /// One point of a metric: a value or an injected error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Sample {
+pub enum Sample<T = u64> {
     /// The value NVML reports, in the metric's unit.
-    Value(u64),
+    Value(T),
     /// The error NVML returns instead.
     Fault(Fault),
 }
 
-impl Sample {
+impl<T: Copy> Sample<T> {
     /// The value, or the fault as an error.
-    pub fn get(self) -> Result<u64, Fault> {
+    pub fn get(self) -> Result<T, Fault> {
         match self {
             Sample::Value(v) => Ok(v),
             Sample::Fault(f) => Err(f),
         }
     }
+}
 
-    /// The value, counting an error as zero (what an energy integral needs).
+impl Sample<u64> {
+    /// The value, counting an error as zero (what an integral needs).
     fn or_zero(self) -> u64 {
         match self {
             Sample::Value(v) => v,
@@ -108,30 +157,30 @@ impl Sample {
     }
 }
 
-struct SampleVisitor;
+struct SampleVisitor<T>(PhantomData<T>);
 
-impl Visitor<'_> for SampleVisitor {
-    type Value = Sample;
+impl<T: Value> Visitor<'_> for SampleVisitor<T> {
+    type Value = Sample<T>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "a non-negative integer or an error name ({})",
-            Fault::names()
-        )
+        write!(f, "{} or an error name ({})", T::EXPECTING, Fault::names())
     }
 
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Sample, E> {
-        Ok(Sample::Value(v))
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Sample<T>, E> {
+        Ok(Sample::Value(T::from_u64(v)))
     }
 
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Sample, E> {
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Sample<T>, E> {
         u64::try_from(v)
-            .map(Sample::Value)
+            .map(|v| Sample::Value(T::from_u64(v)))
             .map_err(|_| E::custom(format!("{v} is negative; NVML values are unsigned")))
     }
 
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<Sample, E> {
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Sample<T>, E> {
+        T::from_f64(v).map(Sample::Value).map_err(E::custom)
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Sample<T>, E> {
         Fault::from_name(v).map(Sample::Fault).ok_or_else(|| {
             E::custom(format!(
                 "unknown error name \"{v}\", expected a number or one of {}",
@@ -141,30 +190,35 @@ impl Visitor<'_> for SampleVisitor {
     }
 }
 
-impl<'de> Deserialize<'de> for Sample {
+impl<'de, T: Value> Deserialize<'de> for Sample<T> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(SampleVisitor)
+        deserializer.deserialize_any(SampleVisitor(PhantomData))
     }
 }
 
 /// A metric of one GPU: what it reads at any point in time.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Metric {
+pub enum Metric<T = u64> {
     /// The same sample at every instant (`45`, or `"unsupported"`).
-    Constant(Sample),
+    Constant(Sample<T>),
     /// Sample `i` holds during step `i`, and the trace repeats (`[1, 2, 3]`).
     /// Never empty.
-    Trace(Vec<Sample>),
+    Trace(Vec<Sample<T>>),
 }
 
-impl Metric {
+impl<T: Copy> Metric<T> {
     /// A metric that always reads `value`.
-    pub const fn constant(value: u64) -> Metric {
+    pub const fn constant(value: T) -> Metric<T> {
         Metric::Constant(Sample::Value(value))
     }
 
+    /// A metric that always fails with `fault`.
+    pub const fn fault(fault: Fault) -> Metric<T> {
+        Metric::Constant(Sample::Fault(fault))
+    }
+
     /// The sample during step `step` (counted from init, with any phase applied).
-    pub fn at(&self, step: u64) -> Sample {
+    pub fn at(&self, step: u64) -> Sample<T> {
         match self {
             Metric::Constant(s) => *s,
             // Parsing never builds an empty trace; a hand-built one reads as
@@ -179,15 +233,18 @@ impl Metric {
     }
 
     /// Every sample this metric can read.
-    pub fn samples(&self) -> &[Sample] {
+    pub fn samples(&self) -> &[Sample<T>] {
         match self {
             Metric::Constant(s) => std::slice::from_ref(s),
             Metric::Trace(t) => t,
         }
     }
+}
 
+impl Metric<u64> {
     /// ∫₀ˣ metric(t) dt, for `x` in milliseconds and steps of `step_ms`,
-    /// counting errors as zero. For power in mW the result is in mW·ms (µJ).
+    /// counting errors as zero. For power in mW the result is in mW·ms (µJ);
+    /// for a rate in B/s it is in B·ms/s (mB).
     pub fn integral(&self, step_ms: u64, x_ms: u128) -> u128 {
         match self {
             Metric::Constant(s) => u128::from(s.or_zero()) * x_ms,
@@ -214,34 +271,47 @@ impl Metric {
     }
 }
 
-struct MetricVisitor;
+struct MetricVisitor<T>(PhantomData<T>);
 
-impl<'de> Visitor<'de> for MetricVisitor {
-    type Value = Metric;
+impl<'de, T: Value> Visitor<'de> for MetricVisitor<T> {
+    type Value = Metric<T>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "a non-negative integer, an error name ({}), or a non-empty array of those",
+            "{}, an error name ({}), or a non-empty array of those",
+            T::EXPECTING,
             Fault::names()
         )
     }
 
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Metric, E> {
-        SampleVisitor.visit_u64(v).map(Metric::Constant)
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Metric<T>, E> {
+        SampleVisitor(PhantomData)
+            .visit_u64(v)
+            .map(Metric::Constant)
     }
 
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Metric, E> {
-        SampleVisitor.visit_i64(v).map(Metric::Constant)
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Metric<T>, E> {
+        SampleVisitor(PhantomData)
+            .visit_i64(v)
+            .map(Metric::Constant)
     }
 
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<Metric, E> {
-        SampleVisitor.visit_str(v).map(Metric::Constant)
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Metric<T>, E> {
+        SampleVisitor(PhantomData)
+            .visit_f64(v)
+            .map(Metric::Constant)
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Metric, A::Error> {
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Metric<T>, E> {
+        SampleVisitor(PhantomData)
+            .visit_str(v)
+            .map(Metric::Constant)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Metric<T>, A::Error> {
         let mut trace = Vec::with_capacity(seq.size_hint().unwrap_or(0));
-        while let Some(sample) = seq.next_element::<Sample>()? {
+        while let Some(sample) = seq.next_element::<Sample<T>>()? {
             trace.push(sample);
         }
         if trace.is_empty() {
@@ -253,9 +323,9 @@ impl<'de> Visitor<'de> for MetricVisitor {
     }
 }
 
-impl<'de> Deserialize<'de> for Metric {
+impl<'de, T: Value> Deserialize<'de> for Metric<T> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(MetricVisitor)
+        deserializer.deserialize_any(MetricVisitor(PhantomData))
     }
 }
 
@@ -301,6 +371,59 @@ mod tests {
             Metric::Constant(Sample::Fault(Fault::NotSupported)).integral(10, 40),
             0
         );
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    struct Keys {
+        int: Option<Metric>,
+        real: Option<Metric<f64>>,
+    }
+
+    fn keys(text: &str) -> Result<Keys, String> {
+        toml::from_str(text).map_err(|e| e.message().to_owned())
+    }
+
+    #[test]
+    fn real_metrics_take_floats_and_integers() {
+        let k = keys("real = 87.5").expect("parses");
+        assert_eq!(k.real, Some(Metric::constant(87.5)));
+        let k = keys("real = [0, 12.5, \"unsupported\"]").expect("parses");
+        assert_eq!(
+            k.real,
+            Some(Metric::Trace(vec![
+                Sample::Value(0.0),
+                Sample::Value(12.5),
+                Sample::Fault(Fault::NotSupported)
+            ]))
+        );
+        for bad in ["real = nan", "real = inf", "real = -0.5", "real = -1"] {
+            assert!(keys(bad).is_err(), "{bad} must be rejected");
+        }
+        assert_eq!(
+            keys("real = -0.5").err().as_deref(),
+            Some("-0.5 is not a finite, non-negative number")
+        );
+    }
+
+    #[test]
+    fn integer_metrics_reject_floats() {
+        assert_eq!(
+            keys("int = 1.5").err().as_deref(),
+            Some(
+                "1.5 is not an integer; this metric takes whole numbers in the unit its key names"
+            )
+        );
+        assert!(keys("int = [1, 2.0]").is_err());
+        assert_eq!(
+            keys("int = 7").expect("parses").int,
+            Some(Metric::constant(7))
+        );
+    }
+
+    #[test]
+    fn fault_constant_reads_its_fault() {
+        let m: Metric = Metric::fault(Fault::GpuLost);
+        assert_eq!(m.at(3).get(), Err(Fault::GpuLost));
     }
 
     #[test]

@@ -39,6 +39,20 @@ const DEFAULT_POWER_MW: u64 = 100_000;
 const DEFAULT_SM_CLOCK_MHZ: u64 = 1980;
 const DEFAULT_MEMORY_CLOCK_MHZ: u64 = 2619;
 const DEFAULT_VIDEO_CLOCK_MHZ: u64 = 1755;
+/// The H100 SXM5 board power limit.
+const DEFAULT_POWER_LIMIT_MW: u64 = 700_000;
+/// PCIe traffic of a training job that streams its input from the host.
+const DEFAULT_PCIE_TX_BYTES_PER_S: u64 = 2_000_000_000;
+const DEFAULT_PCIE_RX_BYTES_PER_S: u64 = 1_500_000_000;
+/// NVLink traffic of data-parallel all-reduce on an HGX H100 (the links
+/// carry up to 450 GB/s each way).
+const DEFAULT_NVLINK_TX_BYTES_PER_S: u64 = 40_000_000_000;
+const DEFAULT_NVLINK_RX_BYTES_PER_S: u64 = 36_000_000_000;
+
+/// Rate × ms per counter unit: mW·ms per mJ, (B/s)·ms per byte.
+const RATE_MS_PER_UNIT: u64 = 1000;
+/// (B/s)·ms per KiB, the unit of the NVLink throughput counters.
+const RATE_MS_PER_KIB: u64 = 1000 * 1024;
 
 /// Why a scenario cannot be used.
 #[derive(Debug)]
@@ -158,6 +172,39 @@ pub enum Energy {
     },
 }
 
+/// One XID error the GPU reports through the event API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct XidEvent {
+    /// When it happens, in ms since init.
+    pub at_ms: u64,
+    /// The XID (`nvmlEventData_t.eventData`), e.g. 79 for "fallen off the bus".
+    pub xid: u64,
+}
+
+/// A process with a compute context on the GPU
+/// (`nvmlDeviceGetComputeRunningProcesses_v3`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Process {
+    /// Process id.
+    pub pid: u32,
+    /// Framebuffer the process uses; `None` reports NVML_VALUE_NOT_AVAILABLE.
+    pub used_memory_bytes: Option<u64>,
+    /// First ms since init at which the process runs.
+    #[serde(default)]
+    pub from_ms: u64,
+    /// First ms since init at which it no longer runs; `None`: never ends.
+    pub until_ms: Option<u64>,
+}
+
+impl Process {
+    /// Whether the process runs `elapsed_ms` after init.
+    pub fn runs_at(&self, elapsed_ms: u64) -> bool {
+        self.from_ms <= elapsed_ms && self.until_ms.is_none_or(|until| elapsed_ms < until)
+    }
+}
+
 /// Framebuffer memory as `nvmlDeviceGetMemoryInfo_v2` reports it, in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemoryReading {
@@ -172,7 +219,7 @@ pub struct MemoryReading {
 }
 
 /// One GPU the fake library presents, with every metric resolved.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Gpu {
     /// NVML index, 0-based, in scenario order.
     pub index: u32,
@@ -218,6 +265,61 @@ pub struct Gpu {
     pub memory_copy_util_pct: Metric,
     /// Framebuffer used, bytes.
     pub fb_used_bytes: Metric,
+    /// Enforced (and management) power limit, mW.
+    pub power_limit_mw: Metric,
+    /// Clock event (throttle) reasons, a bitmask of `nvmlClocksEventReason*`.
+    pub clock_event_reasons: Metric,
+    /// Volatile single-bit ECC errors (field NVML_FI_DEV_ECC_SBE_VOL_TOTAL).
+    pub ecc_sbe_volatile: Metric,
+    /// Volatile double-bit ECC errors (NVML_FI_DEV_ECC_DBE_VOL_TOTAL).
+    pub ecc_dbe_volatile: Metric,
+    /// Aggregate single-bit ECC errors (NVML_FI_DEV_ECC_SBE_AGG_TOTAL).
+    pub ecc_sbe_aggregate: Metric,
+    /// Aggregate double-bit ECC errors (NVML_FI_DEV_ECC_DBE_AGG_TOTAL).
+    pub ecc_dbe_aggregate: Metric,
+    /// Pages retired for single-bit errors (NVML_FI_DEV_RETIRED_SBE).
+    pub retired_pages_sbe: Metric,
+    /// Pages retired for double-bit errors (NVML_FI_DEV_RETIRED_DBE).
+    pub retired_pages_dbe: Metric,
+    /// 1 while a page retirement waits for a reboot (NVML_FI_DEV_RETIRED_PENDING).
+    pub retired_pages_pending: Metric,
+    /// Rows remapped for correctable errors (NVML_FI_DEV_REMAPPED_COR).
+    pub remapped_rows_corrected: Metric,
+    /// Rows remapped for uncorrectable errors (NVML_FI_DEV_REMAPPED_UNC).
+    pub remapped_rows_uncorrected: Metric,
+    /// 1 while a row remapping waits for a GPU reset (NVML_FI_DEV_REMAPPED_PENDING).
+    pub remapped_rows_pending: Metric,
+    /// 1 once a row remapping has failed (NVML_FI_DEV_REMAPPED_FAILURE).
+    pub remapped_rows_failure: Metric,
+    /// PCIe replays (NVML_FI_DEV_PCIE_REPLAY_COUNTER).
+    pub pcie_replay_count: Metric,
+    /// PCIe transmit rate, B/s, integrated into NVML_FI_DEV_PCIE_COUNT_TX_BYTES.
+    pub pcie_tx_bytes_per_s: Metric,
+    /// PCIe receive rate, B/s, integrated into NVML_FI_DEV_PCIE_COUNT_RX_BYTES.
+    pub pcie_rx_bytes_per_s: Metric,
+    /// NVLink transmit rate over all links, B/s (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, KiB).
+    pub nvlink_tx_bytes_per_s: Metric,
+    /// NVLink receive rate over all links, B/s (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, KiB).
+    pub nvlink_rx_bytes_per_s: Metric,
+    /// Whether the GPM API works on this GPU (Hopper and newer).
+    pub gpm: bool,
+    /// GPM NVML_GPM_METRIC_GRAPHICS_UTIL, %.
+    pub graphics_active_pct: Metric<f64>,
+    /// GPM NVML_GPM_METRIC_SM_UTIL (SM active), %.
+    pub sm_active_pct: Metric<f64>,
+    /// GPM NVML_GPM_METRIC_SM_OCCUPANCY, %.
+    pub sm_occupancy_pct: Metric<f64>,
+    /// GPM NVML_GPM_METRIC_ANY_TENSOR_UTIL (tensor pipe active), %.
+    pub tensor_active_pct: Metric<f64>,
+    /// GPM NVML_GPM_METRIC_DRAM_BW_UTIL (DRAM active), %.
+    pub dram_active_pct: Metric<f64>,
+    /// XID errors, sorted by time (events at the same time keep file order).
+    pub xid_events: Vec<XidEvent>,
+    /// From this ms since init on, every call for this GPU fails with
+    /// NVML_ERROR_GPU_IS_LOST.
+    pub lost_at_ms: Option<u64>,
+    /// Processes with a compute context.
+    pub processes: Vec<Process>,
 }
 
 impl Gpu {
@@ -227,28 +329,81 @@ impl Gpu {
     }
 
     /// What `metric` (one of this GPU's fields) reads `elapsed_ms` after init.
-    pub fn read(&self, metric: &Metric, elapsed_ms: u64) -> Result<u64, Fault> {
+    pub fn read<T: Copy>(&self, metric: &Metric<T>, elapsed_ms: u64) -> Result<T, Fault> {
         metric.at(self.step(elapsed_ms)).get()
+    }
+
+    /// Whether the GPU has fallen off the bus `elapsed_ms` after init.
+    pub fn is_lost(&self, elapsed_ms: u64) -> bool {
+        self.lost_at_ms.is_some_and(|lost| elapsed_ms >= lost)
+    }
+
+    /// A counter that integrates `rate` (one of this GPU's fields) from 0 at
+    /// init: `floor(∫₀ᵗ rate dt / rate_ms_per_unit)`, `t` in ms, starting at
+    /// this GPU's phase. Steps where the rate is an error count as 0; a rate
+    /// that is an error constant fails the counter with that error.
+    pub fn integrate(
+        &self,
+        rate: &Metric,
+        rate_ms_per_unit: u64,
+        elapsed_ms: u64,
+    ) -> Result<u64, Fault> {
+        if let Metric::Constant(Sample::Fault(f)) = rate {
+            return Err(*f);
+        }
+        let step = u128::from(self.step_ms.max(1));
+        let start = u128::from(self.offset_steps) * step;
+        let end = start + u128::from(elapsed_ms);
+        // The integral never decreases, so neither does the counter.
+        let area = rate.integral(self.step_ms, end) - rate.integral(self.step_ms, start);
+        let units = area / u128::from(rate_ms_per_unit.max(1));
+        Ok(u64::try_from(units).unwrap_or(u64::MAX))
     }
 
     /// The total energy counter `elapsed_ms` after init, in mJ.
     pub fn energy_mj(&self, elapsed_ms: u64) -> Result<u64, Fault> {
         match &self.energy {
             Energy::Given(metric) => self.read(metric, elapsed_ms),
-            Energy::FromPower { initial_mj } => {
-                if let Metric::Constant(Sample::Fault(f)) = self.power_mw {
-                    return Err(f);
-                }
-                let step = u128::from(self.step_ms.max(1));
-                let start = u128::from(self.offset_steps) * step;
-                let end = start + u128::from(elapsed_ms);
-                // mW·ms = µJ; the integral never decreases, so neither does the counter.
-                let micro_joules = self.power_mw.integral(self.step_ms, end)
-                    - self.power_mw.integral(self.step_ms, start);
-                let mj = u64::try_from(micro_joules / 1000).unwrap_or(u64::MAX);
-                Ok(initial_mj.saturating_add(mj))
-            }
+            // mW·ms = µJ, 1000 to the mJ.
+            Energy::FromPower { initial_mj } => self
+                .integrate(&self.power_mw, RATE_MS_PER_UNIT, elapsed_ms)
+                .map(|mj| initial_mj.saturating_add(mj)),
         }
+    }
+
+    /// Bytes sent over PCIe since init (NVML_FI_DEV_PCIE_COUNT_TX_BYTES).
+    pub fn pcie_tx_bytes(&self, elapsed_ms: u64) -> Result<u64, Fault> {
+        self.integrate(&self.pcie_tx_bytes_per_s, RATE_MS_PER_UNIT, elapsed_ms)
+    }
+
+    /// Bytes received over PCIe since init (NVML_FI_DEV_PCIE_COUNT_RX_BYTES).
+    pub fn pcie_rx_bytes(&self, elapsed_ms: u64) -> Result<u64, Fault> {
+        self.integrate(&self.pcie_rx_bytes_per_s, RATE_MS_PER_UNIT, elapsed_ms)
+    }
+
+    /// KiB sent over all NVLinks since init (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX).
+    pub fn nvlink_tx_kib(&self, elapsed_ms: u64) -> Result<u64, Fault> {
+        self.integrate(&self.nvlink_tx_bytes_per_s, RATE_MS_PER_KIB, elapsed_ms)
+    }
+
+    /// KiB received over all NVLinks since init (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX).
+    pub fn nvlink_rx_kib(&self, elapsed_ms: u64) -> Result<u64, Fault> {
+        self.integrate(&self.nvlink_rx_bytes_per_s, RATE_MS_PER_KIB, elapsed_ms)
+    }
+
+    /// The XID events an event set can ever receive: those up to the moment
+    /// the GPU is lost (the XID reported as it falls off included).
+    pub fn deliverable_xid_events(&self) -> &[XidEvent] {
+        let n = match self.lost_at_ms {
+            Some(lost) => self.xid_events.partition_point(|e| e.at_ms <= lost),
+            None => self.xid_events.len(),
+        };
+        &self.xid_events[..n]
+    }
+
+    /// The processes running `elapsed_ms` after init, in scenario order.
+    pub fn processes_at(&self, elapsed_ms: u64) -> impl Iterator<Item = &Process> {
+        self.processes.iter().filter(move |p| p.runs_at(elapsed_ms))
     }
 
     /// Framebuffer memory `elapsed_ms` after init.
@@ -267,7 +422,7 @@ impl Gpu {
 }
 
 /// A parsed, validated scenario.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Scenario {
     /// `nvmlSystemGetDriverVersion`.
     pub driver_version: String,
@@ -315,6 +470,33 @@ struct RawGpu {
     gpu_util_pct: Option<Metric>,
     memory_copy_util_pct: Option<Metric>,
     fb_used_bytes: Option<Metric>,
+    power_limit_mw: Option<Metric>,
+    clock_event_reasons: Option<Metric>,
+    ecc_sbe_volatile: Option<Metric>,
+    ecc_dbe_volatile: Option<Metric>,
+    ecc_sbe_aggregate: Option<Metric>,
+    ecc_dbe_aggregate: Option<Metric>,
+    retired_pages_sbe: Option<Metric>,
+    retired_pages_dbe: Option<Metric>,
+    retired_pages_pending: Option<Metric>,
+    remapped_rows_corrected: Option<Metric>,
+    remapped_rows_uncorrected: Option<Metric>,
+    remapped_rows_pending: Option<Metric>,
+    remapped_rows_failure: Option<Metric>,
+    pcie_replay_count: Option<Metric>,
+    pcie_tx_bytes_per_s: Option<Metric>,
+    pcie_rx_bytes_per_s: Option<Metric>,
+    nvlink_tx_bytes_per_s: Option<Metric>,
+    nvlink_rx_bytes_per_s: Option<Metric>,
+    gpm: Option<bool>,
+    graphics_active_pct: Option<Metric<f64>>,
+    sm_active_pct: Option<Metric<f64>>,
+    sm_occupancy_pct: Option<Metric<f64>>,
+    tensor_active_pct: Option<Metric<f64>>,
+    dram_active_pct: Option<Metric<f64>>,
+    xid_events: Option<Vec<XidEvent>>,
+    lost_at_ms: Option<u64>,
+    processes: Option<Vec<Process>>,
 }
 
 impl Scenario {
@@ -475,6 +657,8 @@ fn build(raw: RawScenario) -> Result<Scenario, ScenarioError> {
         }
 
         let metric = |m: Option<Metric>, default: u64| m.unwrap_or(Metric::constant(default));
+        let unsupported = |m: Option<Metric>| m.unwrap_or(Metric::fault(Fault::NotSupported));
+        let percent = |m: Option<Metric<f64>>| m.unwrap_or(Metric::constant(0.0));
         let sm_clock_mhz = metric(g.sm_clock_mhz, DEFAULT_SM_CLOCK_MHZ);
         let template = Gpu {
             index: 0,
@@ -514,6 +698,39 @@ fn build(raw: RawScenario) -> Result<Scenario, ScenarioError> {
             gpu_util_pct: metric(g.gpu_util_pct, 0),
             memory_copy_util_pct: metric(g.memory_copy_util_pct, 0),
             fb_used_bytes: metric(g.fb_used_bytes, 0),
+            power_limit_mw: metric(g.power_limit_mw, DEFAULT_POWER_LIMIT_MW),
+            clock_event_reasons: metric(g.clock_event_reasons, 0),
+            ecc_sbe_volatile: metric(g.ecc_sbe_volatile, 0),
+            ecc_dbe_volatile: metric(g.ecc_dbe_volatile, 0),
+            ecc_sbe_aggregate: metric(g.ecc_sbe_aggregate, 0),
+            ecc_dbe_aggregate: metric(g.ecc_dbe_aggregate, 0),
+            // Hopper remaps rows instead of retiring pages.
+            retired_pages_sbe: unsupported(g.retired_pages_sbe),
+            retired_pages_dbe: unsupported(g.retired_pages_dbe),
+            retired_pages_pending: unsupported(g.retired_pages_pending),
+            remapped_rows_corrected: metric(g.remapped_rows_corrected, 0),
+            remapped_rows_uncorrected: metric(g.remapped_rows_uncorrected, 0),
+            remapped_rows_pending: metric(g.remapped_rows_pending, 0),
+            remapped_rows_failure: metric(g.remapped_rows_failure, 0),
+            pcie_replay_count: metric(g.pcie_replay_count, 0),
+            pcie_tx_bytes_per_s: metric(g.pcie_tx_bytes_per_s, DEFAULT_PCIE_TX_BYTES_PER_S),
+            pcie_rx_bytes_per_s: metric(g.pcie_rx_bytes_per_s, DEFAULT_PCIE_RX_BYTES_PER_S),
+            nvlink_tx_bytes_per_s: metric(g.nvlink_tx_bytes_per_s, DEFAULT_NVLINK_TX_BYTES_PER_S),
+            nvlink_rx_bytes_per_s: metric(g.nvlink_rx_bytes_per_s, DEFAULT_NVLINK_RX_BYTES_PER_S),
+            gpm: g.gpm.unwrap_or(true),
+            graphics_active_pct: percent(g.graphics_active_pct),
+            sm_active_pct: percent(g.sm_active_pct),
+            sm_occupancy_pct: percent(g.sm_occupancy_pct),
+            tensor_active_pct: percent(g.tensor_active_pct),
+            dram_active_pct: percent(g.dram_active_pct),
+            xid_events: {
+                let mut events = g.xid_events.unwrap_or_default();
+                // Stable: two events at the same time stay in file order.
+                events.sort_by_key(|e| e.at_ms);
+                events
+            },
+            lost_at_ms: g.lost_at_ms,
+            processes: g.processes.unwrap_or_default(),
         };
 
         let u32_max = u64::from(u32::MAX);
@@ -526,9 +743,32 @@ fn build(raw: RawScenario) -> Result<Scenario, ScenarioError> {
             ("sm_clock_mhz", &template.sm_clock_mhz),
             ("memory_clock_mhz", &template.memory_clock_mhz),
             ("video_clock_mhz", &template.video_clock_mhz),
+            ("power_limit_mw", &template.power_limit_mw),
+            ("remapped_rows_corrected", &template.remapped_rows_corrected),
+            (
+                "remapped_rows_uncorrected",
+                &template.remapped_rows_uncorrected,
+            ),
         ] {
             check_max(&at(key), m, u32_max, nvml_u32)?;
         }
+        for (key, m) in [
+            ("retired_pages_pending", &template.retired_pages_pending),
+            ("remapped_rows_pending", &template.remapped_rows_pending),
+            ("remapped_rows_failure", &template.remapped_rows_failure),
+        ] {
+            check_max(&at(key), m, 1, "and this field is a flag: 0 or 1")?;
+        }
+        for (key, m) in [
+            ("graphics_active_pct", &template.graphics_active_pct),
+            ("sm_active_pct", &template.sm_active_pct),
+            ("sm_occupancy_pct", &template.sm_occupancy_pct),
+            ("tensor_active_pct", &template.tensor_active_pct),
+            ("dram_active_pct", &template.dram_active_pct),
+        ] {
+            check_percent(&at(key), m)?;
+        }
+        check_processes(&at("processes"), &template.processes)?;
         for (key, m) in [
             ("gpu_util_pct", &template.gpu_util_pct),
             ("memory_copy_util_pct", &template.memory_copy_util_pct),
@@ -590,6 +830,63 @@ fn build(raw: RawScenario) -> Result<Scenario, ScenarioError> {
         init_error: raw.init_error,
         gpus,
     })
+}
+
+fn check_percent(at: &str, metric: &Metric<f64>) -> Result<(), ScenarioError> {
+    for sample in metric.samples() {
+        if let Sample::Value(v) = sample
+            && *v > 100.0
+        {
+            return Err(invalid(
+                at,
+                format!("{v} is above 100, and GPM activity is a percentage"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_processes(at: &str, processes: &[Process]) -> Result<(), ScenarioError> {
+    for (i, p) in processes.iter().enumerate() {
+        if let Some(until) = p.until_ms
+            && until <= p.from_ms
+        {
+            return Err(invalid(
+                at,
+                format!(
+                    "pid {}: until_ms ({until}) must be after from_ms ({}); \
+                     the process runs from from_ms up to, not including, until_ms",
+                    p.pid, p.from_ms
+                ),
+            ));
+        }
+        if p.used_memory_bytes == Some(u64::MAX) {
+            return Err(invalid(
+                at,
+                format!(
+                    "pid {}: used_memory_bytes = {} is NVML_VALUE_NOT_AVAILABLE; \
+                     leave the key out to report memory as not available",
+                    p.pid,
+                    u64::MAX
+                ),
+            ));
+        }
+        let overlaps = |q: &Process| {
+            q.pid == p.pid
+                && q.until_ms.is_none_or(|until| p.from_ms < until)
+                && p.until_ms.is_none_or(|until| q.from_ms < until)
+        };
+        if processes[..i].iter().any(overlaps) {
+            return Err(invalid(
+                at,
+                format!(
+                    "pid {} is listed twice at overlapping times; one process has one entry per GPU",
+                    p.pid
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The UUID of GPU `index` when the scenario does not give one.
@@ -658,6 +955,36 @@ mod tests {
                 "memory runs warmer than the core at step {t}"
             );
         }
+        // GPM activity moves with utilization and stays a percentage.
+        assert!(gpu.gpm);
+        let sm_active: Vec<f64> = (0..60)
+            .filter_map(|t| gpu.read(&gpu.sm_active_pct, t * 1000).ok())
+            .collect();
+        assert_eq!(sm_active.len(), 60);
+        assert_eq!(sm_active.iter().copied().fold(f64::MAX, f64::min), 0.0);
+        assert_eq!(sm_active.iter().copied().fold(0.0, f64::max), 92.0);
+        for t in 0..60 {
+            let read = |m: &Metric<f64>| gpu.read(m, t * 1000).unwrap_or(f64::NAN);
+            let (gr, sm, occ, tensor, dram) = (
+                read(&gpu.graphics_active_pct),
+                read(&gpu.sm_active_pct),
+                read(&gpu.sm_occupancy_pct),
+                read(&gpu.tensor_active_pct),
+                read(&gpu.dram_active_pct),
+            );
+            assert!(
+                gr >= sm && sm >= tensor && tensor >= occ && occ >= dram && dram >= 0.0,
+                "step {t}: {gr} {sm} {occ} {tensor} {dram}"
+            );
+        }
+        let reasons: Vec<u64> = (0..60)
+            .filter_map(|t| gpu.read(&gpu.clock_event_reasons, t * 1000).ok())
+            .collect();
+        assert_eq!(reasons.iter().filter(|r| **r == 4).count(), 7);
+        assert_eq!(reasons.iter().filter(|r| **r == 1).count(), 3);
+        assert!(gpu.xid_events.is_empty() && gpu.processes.is_empty());
+        assert_eq!(gpu.lost_at_ms, None);
+
         // Phases differ: GPU 1 is 7 steps ahead of GPU 0.
         assert_eq!(
             s.gpus[1].read(&s.gpus[1].power_mw, 0),
@@ -703,6 +1030,172 @@ mod tests {
         );
         assert_eq!(g.energy_mj(0), Ok(0));
         assert_eq!(g.energy_mj(1500), Ok(150_000));
+
+        assert_eq!(g.read(&g.power_limit_mw, 5), Ok(700_000));
+        assert_eq!(g.read(&g.clock_event_reasons, 5), Ok(0));
+        for ecc in [
+            &g.ecc_sbe_volatile,
+            &g.ecc_dbe_volatile,
+            &g.ecc_sbe_aggregate,
+            &g.ecc_dbe_aggregate,
+            &g.remapped_rows_corrected,
+            &g.remapped_rows_uncorrected,
+            &g.remapped_rows_pending,
+            &g.remapped_rows_failure,
+            &g.pcie_replay_count,
+        ] {
+            assert_eq!(g.read(ecc, 5), Ok(0));
+        }
+        for retired in [
+            &g.retired_pages_sbe,
+            &g.retired_pages_dbe,
+            &g.retired_pages_pending,
+        ] {
+            assert_eq!(g.read(retired, 5), Err(Fault::NotSupported));
+        }
+        // One second at the default rates.
+        assert_eq!(g.pcie_tx_bytes(1000), Ok(2_000_000_000));
+        assert_eq!(g.pcie_rx_bytes(1000), Ok(1_500_000_000));
+        assert_eq!(g.nvlink_tx_kib(1000), Ok(40_000_000_000 / 1024));
+        assert_eq!(g.nvlink_rx_kib(1000), Ok(36_000_000_000 / 1024));
+        assert_eq!(g.pcie_tx_bytes(0), Ok(0));
+        assert!(g.gpm);
+        for pct in [
+            &g.graphics_active_pct,
+            &g.sm_active_pct,
+            &g.sm_occupancy_pct,
+            &g.tensor_active_pct,
+            &g.dram_active_pct,
+        ] {
+            assert_eq!(g.read(pct, 5), Ok(0.0));
+        }
+        assert!(g.xid_events.is_empty());
+        assert_eq!(g.lost_at_ms, None);
+        assert!(!g.is_lost(u64::MAX));
+        assert!(g.processes.is_empty());
+    }
+
+    #[test]
+    fn counters_integrate_their_rates_like_energy() {
+        let s = parse(
+            r#"
+            step_ms = 1000
+            [[gpu]]
+            pcie_tx_bytes_per_s = [1000, 3000]
+            pcie_rx_bytes_per_s = "unsupported"
+            nvlink_tx_bytes_per_s = [1024000, "gpu_lost"]
+            nvlink_rx_bytes_per_s = 1023
+            "#,
+        );
+        let g = &s.gpus[0];
+        // 1 s at 1000 B/s, then 0.5 s at 3000 B/s; then a whole 2 s cycle more.
+        assert_eq!(g.pcie_tx_bytes(1500), Ok(1000 + 1500));
+        assert_eq!(g.pcie_tx_bytes(3500), Ok(1000 + 1500 + 4000));
+        assert_eq!(g.pcie_rx_bytes(1500), Err(Fault::NotSupported));
+        // 1000 KiB/s for 1 s; the error step counts as 0.
+        assert_eq!(g.nvlink_tx_kib(1000), Ok(1000));
+        assert_eq!(g.nvlink_tx_kib(1999), Ok(1000));
+        assert_eq!(g.nvlink_tx_kib(2500), Ok(1500));
+        // Whole KiB only: 1023 B/s reaches 1 KiB just after one second.
+        assert_eq!(g.nvlink_rx_kib(1000), Ok(0));
+        assert_eq!(g.nvlink_rx_kib(1001), Ok(1));
+    }
+
+    #[test]
+    fn events_loss_processes_and_gpm_are_parsed() {
+        let s = parse(
+            r#"
+            [[gpu]]
+            gpm = false
+            sm_active_pct = [87.5, 90]
+            power_limit_mw = 650000
+            clock_event_reasons = [0, 32]
+            retired_pages_pending = 1
+            remapped_rows_failure = [0, 1]
+            lost_at_ms = 60000
+            xid_events = [
+                { at_ms = 60000, xid = 79 },
+                { at_ms = 1500, xid = 48 },
+                { at_ms = 70000, xid = 31 },
+                { at_ms = 1500, xid = 63 },
+            ]
+            processes = [
+                { pid = 4242, used_memory_bytes = 1073741824, until_ms = 99999999 },
+                { pid = 7, from_ms = 1000, until_ms = 2000 },
+                { pid = 4242, used_memory_bytes = 5, from_ms = 999999999 },
+            ]
+            "#,
+        );
+        let g = &s.gpus[0];
+        assert!(!g.gpm);
+        assert_eq!(g.read(&g.sm_active_pct, 0), Ok(87.5));
+        assert_eq!(g.read(&g.sm_active_pct, 1000), Ok(90.0));
+        assert_eq!(g.read(&g.power_limit_mw, 0), Ok(650_000));
+        assert_eq!(g.read(&g.clock_event_reasons, 1000), Ok(32));
+        assert_eq!(g.read(&g.retired_pages_pending, 0), Ok(1));
+        let xids: Vec<_> = g.xid_events.iter().map(|e| (e.at_ms, e.xid)).collect();
+        assert_eq!(
+            xids,
+            [(1500, 48), (1500, 63), (60000, 79), (70000, 31)],
+            "sorted by time, equal times in file order"
+        );
+        // The XID 79 reported as the GPU falls off is the last one delivered.
+        assert_eq!(g.deliverable_xid_events().len(), 3);
+        assert!(!g.is_lost(59_999));
+        assert!(g.is_lost(60_000));
+        let running = |t| g.processes_at(t).map(|p| p.pid).collect::<Vec<_>>();
+        assert_eq!(running(0), [4242]);
+        assert_eq!(running(1000), [4242, 7]);
+        assert_eq!(running(1999), [4242, 7]);
+        assert_eq!(running(2000), [4242]);
+        assert_eq!(g.processes[1].used_memory_bytes, None);
+    }
+
+    #[test]
+    fn new_keys_are_validated() {
+        let e = error("[[gpu]]\nretired_pages_pending = 2\n");
+        assert_eq!(
+            e,
+            "[[gpu]] entry 1 (retired_pages_pending): 2 is above 1, and this field is a flag: 0 or 1"
+        );
+        let e = error("[[gpu]]\nremapped_rows_failure = [0, 3]\n");
+        assert!(e.contains("(remapped_rows_failure): 3 is above 1"), "{e}");
+        let e = error("[[gpu]]\nsm_active_pct = [50, 100.5]\n");
+        assert_eq!(
+            e,
+            "[[gpu]] entry 1 (sm_active_pct): 100.5 is above 100, and GPM activity is a percentage"
+        );
+        let e = error("[[gpu]]\npower_limit_mw = 4294967296\n");
+        assert!(
+            e.contains("(power_limit_mw): 4294967296 is above 4294967295"),
+            "{e}"
+        );
+        let e = error("[[gpu]]\nremapped_rows_corrected = 1.5\n");
+        assert!(e.contains("1.5 is not an integer"), "{e}");
+        let e = error("[[gpu]]\ngpm = 1\n");
+        assert!(e.starts_with("line 2, column 7: "), "{e}");
+        let e = error("[[gpu]]\nxid_events = [{ at_ms = 1, xid = 79, gpu = 0 }]\n");
+        assert!(e.contains("unknown field `gpu`"), "{e}");
+        let e = error("[[gpu]]\nprocesses = [{ pid = 1, from_ms = 5, until_ms = 5 }]\n");
+        assert!(
+            e.starts_with(
+                "[[gpu]] entry 1 (processes): pid 1: until_ms (5) must be after from_ms (5)"
+            ),
+            "{e}"
+        );
+        let e =
+            error("[[gpu]]\nprocesses = [{ pid = 1, until_ms = 10 }, { pid = 1, from_ms = 9 }]\n");
+        assert!(
+            e.contains("pid 1 is listed twice at overlapping times"),
+            "{e}"
+        );
+        let e = error(&format!(
+            "[[gpu]]\nprocesses = [{{ pid = 1, used_memory_bytes = {} }}]\n",
+            u64::MAX
+        ));
+        assert!(e.contains("is NVML_VALUE_NOT_AVAILABLE"), "{e}");
+        // Back to back, the same pid is two runs, not an overlap.
+        parse("[[gpu]]\nprocesses = [{ pid = 1, until_ms = 10 }, { pid = 1, from_ms = 10 }]\n");
     }
 
     #[test]
@@ -896,16 +1389,30 @@ mod tests {
             .skip(1)
             .filter_map(|rest| rest.split("```").next())
             .collect();
-        assert_eq!(blocks.len(), 3, "the README's TOML examples");
+        assert_eq!(blocks.len(), 4, "the README's TOML examples");
         for block in &blocks {
             if let Err(e) = Scenario::parse(block) {
                 panic!("README example does not parse: {e}\n{block}");
             }
         }
+        assert_eq!(
+            parse(blocks[1]),
+            parse(include_str!("../scenarios/two-gpus.toml")),
+            "the README's complete example is scenarios/two-gpus.toml"
+        );
         let lost = parse(blocks[2]);
         let g = &lost.gpus[7];
         assert_eq!(g.read(&g.temperature_c, 59_999), Ok(71));
         assert_eq!(g.read(&g.temperature_c, 60_000), Err(Fault::GpuLost));
+        let bad_day = parse(blocks[3]);
+        let g = &bad_day.gpus[0];
+        assert_eq!(g.read(&g.ecc_dbe_volatile, 29_999), Ok(0));
+        assert_eq!(g.read(&g.ecc_dbe_volatile, 30_000), Ok(2));
+        assert_eq!(g.deliverable_xid_events().len(), 3);
+        assert!(g.is_lost(60_000) && !g.is_lost(59_999));
+        assert_eq!(g.processes_at(9_999).count(), 1);
+        assert_eq!(g.processes_at(10_000).count(), 2);
+        assert_eq!(g.read(&g.sm_active_pct, 0), Ok(71.5));
     }
 
     #[test]
@@ -925,5 +1432,13 @@ mod tests {
             g1.read(&g1.memory_temperature_c, 0),
             Err(Fault::NotSupported)
         );
+        assert!(two.gpus[0].gpm && !g1.gpm);
+        let g0 = &two.gpus[0];
+        assert_eq!(g0.read(&g0.sm_active_pct, 0), Ok(87.5));
+        let pids: Vec<_> = g0
+            .processes_at(0)
+            .map(|p| (p.pid, p.used_memory_bytes))
+            .collect();
+        assert_eq!(pids, [(4242, Some(40 << 30))]);
     }
 }

@@ -1,0 +1,302 @@
+//! The agent's `/metrics` endpoint, end to end: the real agent on the fake
+//! NVML and the fixture trees, scraped over HTTP, checked by the real
+//! `promtool` and against the scenario's values under dcgm-exporter's names.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use gputel_tests::{Running, SCENARIO_ENV, fixture_agent, promtool_check_metrics, start_collector};
+
+/// Two GPUs with constant readings; GPU 0 saw three XIDs before the agent
+/// started listening (the fake delivers them anyway), GPU 1 is an A100
+/// without GPM or HBM temperature.
+const SCENARIO: &str = r#"
+driver_version = "550.54.15"
+
+[[gpu]]
+name = "NVIDIA H100 80GB HBM3"
+uuid = "GPU-3f5b2c1e-8a4d-4e6f-9b7a-1c2d3e4f5a6b"
+fb_total_bytes = 85520809984
+fb_used_bytes = 42949672960
+temperature_c = 61
+memory_temperature_c = 68
+power_mw = 512000
+power_limit_mw = 700000
+energy_mj = 123456789
+sm_clock_mhz = 1980
+memory_clock_mhz = 2619
+gpu_util_pct = 97
+memory_copy_util_pct = 41
+sm_active_pct = 87.5
+tensor_active_pct = 42.25
+xid_events = [{ at_ms = 0, xid = 79 }, { at_ms = 0, xid = 48 }, { at_ms = 0, xid = 79 }]
+
+[[gpu]]
+name = "NVIDIA A100-SXM4-80GB"
+uuid = "GPU-0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"
+fb_total_bytes = 85899345920
+fb_used_bytes = 1073741824
+temperature_c = 34
+memory_temperature_c = "unsupported"
+power_mw = 61000
+gpm = false
+"#;
+
+const H100: &str = r#"gpu="0",UUID="GPU-3f5b2c1e-8a4d-4e6f-9b7a-1c2d3e4f5a6b",device="nvidia0",modelName="NVIDIA H100 80GB HBM3",Hostname="gpu-node-017""#;
+const A100: &str = r#"gpu="1",UUID="GPU-0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d",device="nvidia1",modelName="NVIDIA A100-SXM4-80GB",Hostname="gpu-node-017""#;
+/// gputel's own per-GPU labels: dcgm-exporter's without the camelCase one.
+const H100_OWN: &str = r#"gpu="0",UUID="GPU-3f5b2c1e-8a4d-4e6f-9b7a-1c2d3e4f5a6b",device="nvidia0",Hostname="gpu-node-017""#;
+
+/// What promtool says of dcgm-exporter's own names and labels, which
+/// dashboards depend on: the only complaints allowed, and only on DCGM_*.
+const DCGM_LINTS: &[&str] = &[
+    r#"counter metrics should have "_total" suffix"#,
+    "label names should be written in 'snake_case' not 'camelCase'",
+    "metric name should not include type 'counter'",
+];
+
+struct Scrape {
+    status: String,
+    content_type: String,
+    body: String,
+}
+
+/// A plain HTTP/1.1 GET.
+fn get(addr: &str, path: &str) -> std::io::Result<Scrape> {
+    let mut stream = TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw)?;
+    let (head, body) = raw
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no end of headers in {raw:?}"));
+    let mut lines = head.lines();
+    let status = lines.next().unwrap_or_default().to_owned();
+    let header = |name: &str| {
+        head.lines()
+            .filter_map(|l| l.split_once(':'))
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.trim().to_owned())
+    };
+    if let Some(len) = header("content-length") {
+        assert_eq!(len.parse::<usize>().unwrap(), body.len(), "{head}");
+    }
+    Ok(Scrape {
+        status,
+        content_type: header("content-type").unwrap_or_default(),
+        body: body.to_owned(),
+    })
+}
+
+/// The sample lines of `name` (comments and other metrics left out).
+fn series<'a>(body: &'a str, name: &str) -> Vec<&'a str> {
+    body.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .collect()
+}
+
+#[test]
+fn metrics_endpoint_serves_dcgm_exporter_names_that_promtool_accepts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let scenario = tmp.path().join("scenario.toml");
+    std::fs::write(&scenario, SCENARIO).unwrap();
+    let (collector, addr) = start_collector(&tmp.path().join("store"), &[]);
+
+    let mut cmd = fixture_agent("gpu-node-017");
+    cmd.args(["--collector", &format!("http://{addr}")])
+        .args(["--interval", "100ms", "--metrics-listen", "127.0.0.1:0"])
+        .env(SCENARIO_ENV, &scenario)
+        .env("RUST_LOG", "info");
+    let mut agent = Running::spawn(cmd);
+    let line = agent.wait_for_log("metrics listening on ", Duration::from_secs(30));
+    let metrics_addr = line
+        .split("metrics listening on ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_owned();
+
+    // Scrape until the XIDs have come through and GPM has its two samples;
+    // every value is constant, so the scrape that shows them is exact.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let scrape = loop {
+        let scrape = get(&metrics_addr, "/metrics").expect("GET /metrics");
+        let ready = scrape.body.contains("gputel_xid_events_total{")
+            && scrape.body.contains("DCGM_FI_PROF_SM_ACTIVE{");
+        if ready {
+            break scrape;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no XIDs or GPM values within 30s; last scrape:\n{}",
+            scrape.body
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(scrape.status, "HTTP/1.1 200 OK");
+    assert_eq!(
+        scrape.content_type,
+        "text/plain; version=0.0.4; charset=utf-8"
+    );
+    let body = scrape.body.as_str();
+
+    // The real promtool parses it and has nothing to say but what
+    // dcgm-exporter's names earn.
+    let complaints = promtool_check_metrics(body);
+    let unexpected: Vec<_> = complaints
+        .iter()
+        .filter(|(metric, text)| !(metric.starts_with("DCGM_") && DCGM_LINTS.contains(&&**text)))
+        .collect();
+    assert!(unexpected.is_empty(), "promtool: {unexpected:#?}");
+    // gputel's own metrics are lint-free; the DCGM ones earn exactly these.
+    assert!(
+        complaints.contains(&(
+            "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION".into(),
+            DCGM_LINTS[0].into()
+        )),
+        "{complaints:#?}"
+    );
+
+    // Exact values under dcgm-exporter's names, units and labels.
+    for (name, h100, a100) in [
+        ("DCGM_FI_DEV_GPU_TEMP", Some("61"), Some("34")),
+        ("DCGM_FI_DEV_MEMORY_TEMP", Some("68"), None),
+        // mW to W.
+        ("DCGM_FI_DEV_POWER_USAGE", Some("512"), Some("61")),
+        ("DCGM_FI_DEV_POWER_MGMT_LIMIT", Some("700"), Some("700")),
+        ("DCGM_FI_DEV_SM_CLOCK", Some("1980"), Some("1980")),
+        ("DCGM_FI_DEV_MEM_CLOCK", Some("2619"), Some("2619")),
+        ("DCGM_FI_DEV_GPU_UTIL", Some("97"), Some("0")),
+        ("DCGM_FI_DEV_MEM_COPY_UTIL", Some("41"), Some("0")),
+        // Bytes to MiB: 40 GiB used, 81559 MiB total.
+        ("DCGM_FI_DEV_FB_USED", Some("40960"), Some("1024")),
+        ("DCGM_FI_DEV_FB_FREE", Some("40599"), Some("80896")),
+        // Percent to ratio; the A100 has no GPM, so no series.
+        ("DCGM_FI_PROF_SM_ACTIVE", Some("0.875"), None),
+        ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", Some("0.4225"), None),
+        // The last XID, as DCGM keeps it.
+        ("DCGM_FI_DEV_XID_ERRORS", Some("79"), None),
+    ] {
+        let want: Vec<String> = [(H100, h100), (A100, a100)]
+            .into_iter()
+            .filter_map(|(labels, v)| v.map(|v| format!("{name}{{{labels}}} {v}")))
+            .collect();
+        assert_eq!(series(body, name), want, "{name} in\n{body}");
+    }
+    // Energy: the H100's is given; the A100's is the fake's integral of its
+    // power, so present but not exact.
+    let energy = series(body, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION");
+    assert_eq!(energy.len(), 2, "{energy:?}");
+    assert_eq!(
+        energy[0],
+        format!("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{H100}}} 123456789")
+    );
+    assert!(
+        energy[1].starts_with(&format!("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{A100}}} ")),
+        "{energy:?}"
+    );
+    for (header, kind) in [
+        ("DCGM_FI_DEV_GPU_TEMP", "gauge"),
+        ("DCGM_FI_DEV_POWER_USAGE", "gauge"),
+        ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter"),
+        ("DCGM_FI_DEV_XID_ERRORS", "gauge"),
+        ("DCGM_FI_PROF_SM_ACTIVE", "gauge"),
+        ("gputel_xid_events_total", "counter"),
+        ("gputel_agent_ticks_total", "counter"),
+    ] {
+        assert!(
+            body.contains(&format!("\n# TYPE {header} {kind}\n")),
+            "{header} is not a {kind}"
+        );
+    }
+    assert!(!body.contains("hpc_job"), "no job is known: {body}");
+
+    // Every XID counted, per GPU and XID.
+    assert_eq!(
+        series(body, "gputel_xid_events_total"),
+        [
+            format!("gputel_xid_events_total{{{H100_OWN},xid=\"48\"}} 1"),
+            format!("gputel_xid_events_total{{{H100_OWN},xid=\"79\"}} 2"),
+        ]
+    );
+
+    // The host and InfiniBand fixtures under gputel's names.
+    assert_eq!(
+        series(body, "gputel_node_memory_total_bytes"),
+        [format!(
+            "gputel_node_memory_total_bytes {}",
+            2_113_389_424_u64 * 1024
+        )]
+    );
+    assert_eq!(
+        series(body, "gputel_node_load1"),
+        ["gputel_node_load1 23.41"]
+    );
+    assert_eq!(
+        series(body, "gputel_infiniband_port_data_received_bytes_total")[0],
+        format!(
+            "gputel_infiniband_port_data_received_bytes_total{{device=\"mlx5_0\",port=\"1\"}} {}",
+            4 * 1_984_460_973_326_841_u64
+        )
+    );
+    assert_eq!(
+        series(body, "gputel_infiniband_port_state").len(),
+        4,
+        "one state per fixture port"
+    );
+    let ticks: u64 = series(body, "gputel_agent_ticks_total")[0]
+        .rsplit(' ')
+        .next()
+        .and_then(|v| v.parse().ok())
+        .expect("a tick count");
+    assert!(ticks >= 2, "GPM needs two ticks, the counter says {ticks}");
+
+    // Only /metrics is served.
+    let other = get(&metrics_addr, "/").expect("GET /");
+    assert_eq!(other.status, "HTTP/1.1 404 Not Found");
+
+    // The endpoint stops with the agent, which stops cleanly.
+    let stopped = agent.terminate(Duration::from_secs(30));
+    assert!(stopped.status.success(), "agent exit: {:?}", stopped.status);
+    assert!(
+        TcpStream::connect(&metrics_addr).is_err(),
+        "{metrics_addr} still accepts connections"
+    );
+    drop(collector);
+}
+
+#[test]
+fn a_taken_metrics_port_stops_the_agent_with_a_clear_message() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = fixture_agent("gpu-node-017")
+        .args([
+            "--collector",
+            "http://127.0.0.1:9",
+            "--metrics-listen",
+            &addr,
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("cannot listen for /metrics on {addr}: "))
+            && stderr.contains("choose another --metrics-listen address"),
+        "{stderr}"
+    );
+    // It stopped before sampling: nothing was delivered or printed.
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
