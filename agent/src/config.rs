@@ -1,5 +1,6 @@
 //! Configuration: a TOML file (`--config`) overridden by command-line flags.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -70,6 +71,11 @@ pub struct Settings {
     /// Log filter, as in RUST_LOG (e.g. "info", "gputel_agent=debug") [default: info].
     #[arg(long, value_name = "FILTER")]
     pub log: Option<String>,
+    /// Serve Prometheus metrics at http://ADDR/metrics, with dcgm-exporter's
+    /// metric and label names, e.g. 0.0.0.0:9400 (dcgm-exporter's usual port)
+    /// [default: off].
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl Settings {
@@ -85,6 +91,7 @@ impl Settings {
             max_pending_batches: self.max_pending_batches.or(other.max_pending_batches),
             drain_timeout: self.drain_timeout.or(other.drain_timeout),
             log: self.log.or(other.log),
+            metrics_listen: self.metrics_listen.or(other.metrics_listen),
         }
     }
 }
@@ -101,6 +108,8 @@ pub struct Config {
     pub max_pending_batches: usize,
     pub drain_timeout: Duration,
     pub log: String,
+    /// Where to serve `/metrics`; None: not served.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// Why the configuration could not be loaded.
@@ -151,6 +160,7 @@ impl Config {
             max_pending_batches: s.max_pending_batches.unwrap_or(3600),
             drain_timeout: s.drain_timeout.unwrap_or(Duration::from_secs(10)),
             log: s.log.unwrap_or_else(|| "info".to_owned()),
+            metrics_listen: s.metrics_listen,
         };
         if config.interval < Duration::from_millis(10) {
             return Err(ConfigError::Invalid(
@@ -222,6 +232,33 @@ mod tests {
         assert_eq!(config.node, "gpu-017");
         assert_eq!(config.procfs_root, PathBuf::from("/proc"));
         assert_eq!(config.max_pending_batches, 3600);
+        assert_eq!(config.metrics_listen, None);
+    }
+
+    #[test]
+    fn metrics_listen_comes_from_file_or_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.toml");
+        std::fs::write(&path, "node = \"n\"\nmetrics-listen = \"0.0.0.0:9400\"\n").unwrap();
+        let from_file = Cli::parse_from(["gputel-agent", "--config", path.to_str().unwrap()]);
+        assert_eq!(
+            Config::load(&from_file).unwrap().metrics_listen,
+            Some("0.0.0.0:9400".parse().unwrap())
+        );
+        let flag = Cli::parse_from([
+            "gputel-agent",
+            "--config",
+            path.to_str().unwrap(),
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ]);
+        assert_eq!(
+            Config::load(&flag).unwrap().metrics_listen,
+            Some("127.0.0.1:0".parse().unwrap())
+        );
+        std::fs::write(&path, "metrics-listen = \"localhost\"\n").unwrap();
+        let err = Config::load(&from_file).unwrap_err().to_string();
+        assert!(err.contains("metrics-listen"), "{err}");
     }
 
     #[test]

@@ -3,10 +3,12 @@
 //! collector over gRPC.
 //!
 //! Data flow: [`sampler`] (one file per source) → [`sampling`] (the tick loop,
-//! on its own thread) → [`client`] (queue, stream, acknowledgements).
+//! on its own thread) → [`client`] (queue, stream, acknowledgements); the
+//! latest tick also goes to [`metrics`], the local Prometheus endpoint.
 
 pub mod client;
 pub mod config;
+pub mod metrics;
 pub mod sampler;
 pub mod sampling;
 pub mod snapshot;

@@ -1,18 +1,22 @@
 use std::io::Write;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
 use gputel_agent::client::{self, Identity};
 use gputel_agent::config::{Cli, Config};
+use gputel_agent::metrics::{self, Metrics};
 use gputel_agent::sampling::{self, Samplers};
 use gputel_agent::snapshot;
 use tonic::transport::Endpoint;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 use tracing_subscriber::EnvFilter;
 
 /// Batches buffered between the sampling thread and the network task.
 const HANDOFF: usize = 64;
+/// At shutdown, how long scrapes in progress may take to finish.
+const METRICS_SHUTDOWN: Duration = Duration::from_secs(2);
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
@@ -45,6 +49,12 @@ fn main() -> anyhow::Result<()> {
         agent_id: new_agent_id(),
         boot_id: read_trimmed(&config.procfs_root.join("sys/kernel/random/boot_id")),
     };
+    // Bound before sampling starts, so a taken port stops the agent at once.
+    let metrics_endpoint = match config.metrics_listen {
+        Some(addr) => Some((metrics::bind(addr)?, Arc::new(Metrics::new(&config.node)))),
+        None => None,
+    };
+    let recorder = metrics_endpoint.as_ref().map(|(_, m)| Arc::clone(m));
     info!(node = %identity.node, agent_id = %identity.agent_id, collector = %config.collector, interval = ?config.interval, "starting");
 
     // One thread for the network side is plenty at one batch per interval.
@@ -59,11 +69,25 @@ fn main() -> anyhow::Result<()> {
         .name("sampler".into())
         .spawn(move || {
             sampling::run(samplers, interval, ticks, &stop_rx, |batch| {
+                if let Some(metrics) = &recorder {
+                    metrics.record(&batch);
+                }
                 batch_tx.blocking_send(batch).is_ok()
             })
         })?;
 
     let delivery = runtime.block_on(async {
+        let (stop_serving, serving_stopped) = tokio::sync::oneshot::channel::<()>();
+        let serving = metrics_endpoint.map(|(listener, metrics)| {
+            tokio::spawn(async move {
+                let stopped = async {
+                    let _ = serving_stopped.await;
+                };
+                if let Err(e) = metrics::serve(listener, metrics, stopped).await {
+                    error!("the /metrics endpoint stopped: {e}");
+                }
+            })
+        });
         let delivering = tokio::spawn(client::run(
             endpoint,
             identity,
@@ -72,14 +96,24 @@ fn main() -> anyhow::Result<()> {
             config.drain_timeout,
         ));
         tokio::pin!(delivering);
-        tokio::select! {
+        let delivery = tokio::select! {
             delivery = &mut delivering => delivery,
             () = shutdown_signal() => {
                 info!("stopping: delivering what was sampled");
                 let _ = stop_tx.send(());
                 delivering.await
             }
+        };
+        // /metrics keeps answering while the agent drains, and stops with it.
+        let _ = stop_serving.send(());
+        if let Some(serving) = serving
+            && tokio::time::timeout(METRICS_SHUTDOWN, serving)
+                .await
+                .is_err()
+        {
+            warn!("/metrics scrapes still running after {METRICS_SHUTDOWN:?}; cut off");
         }
+        delivery
     })?;
     let ticks = sampler
         .join()

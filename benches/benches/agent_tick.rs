@@ -29,7 +29,7 @@ use std::time::Duration;
 use clap::Parser;
 use criterion::{Criterion, criterion_group, criterion_main};
 use gputel_agent::config::{Cli, Config};
-use gputel_agent::sampler::gpu::GpuSampler;
+use gputel_agent::sampler::gpu::{GpuOptions, GpuSampler};
 use gputel_agent::sampler::ib::IbSampler;
 use gputel_agent::sampler::node::NodeSampler;
 use gputel_agent::sampling::Samplers;
@@ -256,7 +256,13 @@ fn with_nvml(c: &mut Criterion) {
         );
         return;
     };
-    let mut gpu = match GpuSampler::open(Some(&lib)) {
+    let options = GpuOptions {
+        lib: Some(lib.clone()),
+        procfs_root: proc_fixture(),
+        // Processes are listed at the first tick only: their cost is not per tick.
+        process_interval_us: i64::MAX,
+    };
+    let mut gpu = match GpuSampler::open(&options) {
         Ok(gpu) => gpu,
         Err(e) => {
             println!("note: agent_tick/*/{label} skipped: {e}");
@@ -270,12 +276,14 @@ fn with_nvml(c: &mut Criterion) {
     );
     let mut g = c.benchmark_group("agent_tick");
 
-    let mut out = Vec::with_capacity(gpu.gpu_count());
+    let mut out = Batch::default();
     let mut ts = START_US;
     g.bench_function(format!("gpu_sample/{label}"), |b| {
         b.iter(|| {
             ts += SECOND_US;
-            out.clear();
+            out.gpu.clear();
+            out.event.clear();
+            out.gpu_process.clear();
             black_box(gpu.sample(ts, &mut out))
         })
     });

@@ -40,3 +40,41 @@ ensure_duckdb() {
   "$DUCKDB" -version >/dev/null 2>&1 || die "the DuckDB CLI at $DUCKDB does not run"
   export GPUTEL_DUCKDB="$DUCKDB"
 }
+
+# Sets GPUTEL_PROMTOOL to Prometheus' promtool: one on PATH, else the one in
+# Debian's prometheus package, unpacked under target/tools. (Installing that
+# package would also enable and start a Prometheus server on port 9090.)
+ensure_promtool() {
+  local promtool dir="$tools_dir/prometheus"
+  if command -v promtool >/dev/null && promtool --version >/dev/null 2>&1; then
+    promtool=$(command -v promtool)
+  else
+    promtool="$dir/usr/bin/promtool"
+    if [[ ! -x $promtool ]]; then
+      command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null \
+        || die "promtool is not installed: install Prometheus' promtool and put it on PATH (Debian: apt-get install prometheus)"
+      say "installing promtool (Debian package prometheus, unpacked in $dir)"
+      local deb_dir
+      deb_dir=$(mktemp -d)
+      if ! (cd "$deb_dir" && apt-get download -qq prometheus >/dev/null 2>&1); then
+        if [[ $(id -u) != 0 ]]; then
+          rm -rf "$deb_dir"
+          die "promtool is not installed and apt-get cannot download the Debian package prometheus (stale package lists?): run 'apt-get update' as root, or install promtool and put it on PATH"
+        fi
+        apt-get update -qq >/dev/null
+        (cd "$deb_dir" && apt-get download -qq prometheus >/dev/null 2>&1) || {
+          rm -rf "$deb_dir"
+          die "apt-get could not download the Debian package prometheus; install promtool and put it on PATH"
+        }
+      fi
+      mkdir -p "$dir"
+      dpkg-deb --fsys-tarfile "$deb_dir"/prometheus_*.deb | tar -x -C "$dir" ./usr/bin/promtool || {
+        rm -rf "$deb_dir"
+        die "could not unpack promtool from the Debian package prometheus"
+      }
+      rm -rf "$deb_dir"
+    fi
+  fi
+  "$promtool" --version >/dev/null 2>&1 || die "promtool at $promtool does not run"
+  export GPUTEL_PROMTOOL="$promtool"
+}

@@ -11,27 +11,27 @@ use gputel_tests::{
 use serde_json::{Value, json};
 
 fn once_with(scenario: &str) -> Value {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("scenario.toml");
-    std::fs::write(&path, scenario).unwrap();
+    std::fs::write(&path, scenario).expect("write scenario");
     let out = fixture_agent("gpu-node-017")
         .args(["--once", "--interval", "200ms"])
         .env(SCENARIO_ENV, &path)
         .output()
-        .unwrap();
+        .expect("run gputel-agent");
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    serde_json::from_slice(&out.stdout).unwrap()
+    serde_json::from_slice(&out.stdout).expect("--once prints JSON")
 }
 
 /// Runs an agent for `ticks` ticks of 100 ms against a collector; returns the store.
 fn run_pipeline(scenario: &str, ticks: u32, dir: &Path) -> std::path::PathBuf {
     let store = dir.join("store");
     let path = dir.join("scenario.toml");
-    std::fs::write(&path, scenario).unwrap();
+    std::fs::write(&path, scenario).expect("write scenario");
     let (collector, addr) = start_collector(&store, &["--flush-interval", "1s"]);
     let mut agent = fixture_agent("gpu-node-017");
     agent
