@@ -68,6 +68,11 @@ pub struct Settings {
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     #[serde(default, with = "humantime_serde")]
     pub drain_timeout: Option<Duration>,
+    /// Time between listings of the GPUs' compute processes, which are slow NVML
+    /// calls that hold a driver lock [default: 10s].
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[serde(default, with = "humantime_serde")]
+    pub process_interval: Option<Duration>,
     /// Log filter, as in RUST_LOG (e.g. "info", "gputel_agent=debug") [default: info].
     #[arg(long, value_name = "FILTER")]
     pub log: Option<String>,
@@ -90,6 +95,7 @@ impl Settings {
             nvml_lib: self.nvml_lib.or(other.nvml_lib),
             max_pending_batches: self.max_pending_batches.or(other.max_pending_batches),
             drain_timeout: self.drain_timeout.or(other.drain_timeout),
+            process_interval: self.process_interval.or(other.process_interval),
             log: self.log.or(other.log),
             metrics_listen: self.metrics_listen.or(other.metrics_listen),
         }
@@ -107,6 +113,7 @@ pub struct Config {
     pub nvml_lib: Option<PathBuf>,
     pub max_pending_batches: usize,
     pub drain_timeout: Duration,
+    pub process_interval: Duration,
     pub log: String,
     /// Where to serve `/metrics`; None: not served.
     pub metrics_listen: Option<SocketAddr>,
@@ -159,12 +166,18 @@ impl Config {
             nvml_lib: s.nvml_lib,
             max_pending_batches: s.max_pending_batches.unwrap_or(3600),
             drain_timeout: s.drain_timeout.unwrap_or(Duration::from_secs(10)),
+            process_interval: s.process_interval.unwrap_or(Duration::from_secs(10)),
             log: s.log.unwrap_or_else(|| "info".to_owned()),
             metrics_listen: s.metrics_listen,
         };
         if config.interval < Duration::from_millis(10) {
             return Err(ConfigError::Invalid(
                 "interval must be at least 10ms".into(),
+            ));
+        }
+        if config.process_interval < config.interval {
+            return Err(ConfigError::Invalid(
+                "process-interval must be at least the sampling interval".into(),
             ));
         }
         if config.max_pending_batches == 0 {

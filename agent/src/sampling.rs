@@ -14,10 +14,6 @@ use crate::sampler::gpu::{GpuOptions, GpuSampler, GpuUnavailable};
 use crate::sampler::ib::IbSampler;
 use crate::sampler::node::NodeSampler;
 
-/// Time between listings of the GPUs' compute processes: those NVML calls
-/// are slow and hold a driver lock.
-pub const PROCESS_INTERVAL: Duration = Duration::from_secs(10);
-
 /// Distinct error messages remembered for log deduplication.
 const MAX_REMEMBERED_ERRORS: usize = 1024;
 
@@ -44,7 +40,8 @@ impl Samplers {
         let gpu = GpuSampler::open(&GpuOptions {
             lib: config.nvml_lib.clone(),
             procfs_root: config.procfs_root.clone(),
-            process_interval_us: PROCESS_INTERVAL.as_micros() as i64,
+            process_interval_us: i64::try_from(config.process_interval.as_micros())
+                .unwrap_or(i64::MAX),
         });
         match &gpu {
             Ok(gpu) => info!(
