@@ -421,6 +421,42 @@ const IB_METRICS: &[RowMetric<IbPortSample>] = &[
         help: "Ticks the port had data to send but no flow-control credits (counters/port_xmit_wait).",
         value: |p| p.port_xmit_wait.map(|v| v as f64),
     },
+    RowMetric {
+        name: "gputel_infiniband_hw_out_of_buffer_total",
+        kind: Kind::Counter,
+        help: "Packets dropped for lack of receive buffers (hw_counters/out_of_buffer).",
+        value: |p| p.hw_out_of_buffer.map(|v| v as f64),
+    },
+    RowMetric {
+        name: "gputel_infiniband_hw_out_of_sequence_total",
+        kind: Kind::Counter,
+        help: "Out-of-sequence packets received (hw_counters/out_of_sequence).",
+        value: |p| p.hw_out_of_sequence.map(|v| v as f64),
+    },
+    RowMetric {
+        name: "gputel_infiniband_hw_packet_seq_err_total",
+        kind: Kind::Counter,
+        help: "NAKs for packet sequence errors received (hw_counters/packet_seq_err).",
+        value: |p| p.hw_packet_seq_err.map(|v| v as f64),
+    },
+    RowMetric {
+        name: "gputel_infiniband_hw_local_ack_timeout_err_total",
+        kind: Kind::Counter,
+        help: "Transport retransmissions after an ACK timeout (hw_counters/local_ack_timeout_err).",
+        value: |p| p.hw_local_ack_timeout_err.map(|v| v as f64),
+    },
+    RowMetric {
+        name: "gputel_infiniband_hw_rnr_nak_retry_err_total",
+        kind: Kind::Counter,
+        help: "Receiver-not-ready NAK retries exceeded (hw_counters/rnr_nak_retry_err).",
+        value: |p| p.hw_rnr_nak_retry_err.map(|v| v as f64),
+    },
+    RowMetric {
+        name: "gputel_infiniband_hw_implied_nak_seq_err_total",
+        kind: Kind::Counter,
+        help: "Implied NAK sequence errors (hw_counters/implied_nak_seq_err).",
+        value: |p| p.hw_implied_nak_seq_err.map(|v| v as f64),
+    },
 ];
 
 /// The port's state as a label, so one series says it.

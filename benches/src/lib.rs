@@ -577,7 +577,7 @@ mod tests {
     fn a_row_of_each_table_holds_the_documented_metric_values() {
         assert_eq!(metric_columns(Table::Gpu).len(), 32);
         assert_eq!(metric_columns(Table::Node).len(), 11);
-        assert_eq!(metric_columns(Table::Ib).len(), 15);
+        assert_eq!(metric_columns(Table::Ib).len(), 21);
     }
 
     #[test]
@@ -606,7 +606,7 @@ mod tests {
         assert!(temps.iter().all(|t| (25..=90).contains(t)), "{temps:?}");
         let values = dataset_metric_values(&batches);
         // The simulation fills 11 GPU metrics plus the XID count, all 11 node
-        // metrics and 9 of the 15 IB metrics (not the error counters).
+        // metrics and 9 of the 21 IB metrics (not the error or driver counters).
         assert_eq!(values, 2400 * (8 * 12 + 11 + 4 * 9));
     }
 }

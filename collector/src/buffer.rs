@@ -309,6 +309,12 @@ table_rows!(IbRows for IbPortSample, |node, s| {
     port_rcv_errors: Int64Builder = s.port_rcv_errors.map(i64_of),
     port_xmit_discards: Int64Builder = s.port_xmit_discards.map(i64_of),
     port_xmit_wait: Int64Builder = s.port_xmit_wait.map(i64_of),
+    hw_out_of_buffer: Int64Builder = s.hw_out_of_buffer.map(i64_of),
+    hw_out_of_sequence: Int64Builder = s.hw_out_of_sequence.map(i64_of),
+    hw_packet_seq_err: Int64Builder = s.hw_packet_seq_err.map(i64_of),
+    hw_local_ack_timeout_err: Int64Builder = s.hw_local_ack_timeout_err.map(i64_of),
+    hw_rnr_nak_retry_err: Int64Builder = s.hw_rnr_nak_retry_err.map(i64_of),
+    hw_implied_nak_seq_err: Int64Builder = s.hw_implied_nak_seq_err.map(i64_of),
 });
 
 table_rows!(EventRows for GpuEvent, |node, s| {

@@ -193,6 +193,12 @@ pub fn validate_batch(batch: &Batch, now_us: i64) -> Result<ValidBatch<'_>, Vali
             ("port_rcv_errors", s.port_rcv_errors),
             ("port_xmit_discards", s.port_xmit_discards),
             ("port_xmit_wait", s.port_xmit_wait),
+            ("hw_out_of_buffer", s.hw_out_of_buffer),
+            ("hw_out_of_sequence", s.hw_out_of_sequence),
+            ("hw_packet_seq_err", s.hw_packet_seq_err),
+            ("hw_local_ack_timeout_err", s.hw_local_ack_timeout_err),
+            ("hw_rnr_nak_retry_err", s.hw_rnr_nak_retry_err),
+            ("hw_implied_nak_seq_err", s.hw_implied_nak_seq_err),
         ] {
             c.int64(field, v)?;
         }

@@ -191,6 +191,12 @@ static IB: LazyLock<SchemaRef> = LazyLock::new(|| {
         opt("port_rcv_errors", DataType::Int64),
         opt("port_xmit_discards", DataType::Int64),
         opt("port_xmit_wait", DataType::Int64),
+        opt("hw_out_of_buffer", DataType::Int64),
+        opt("hw_out_of_sequence", DataType::Int64),
+        opt("hw_packet_seq_err", DataType::Int64),
+        opt("hw_local_ack_timeout_err", DataType::Int64),
+        opt("hw_rnr_nak_retry_err", DataType::Int64),
+        opt("hw_implied_nak_seq_err", DataType::Int64),
     ]))
 });
 

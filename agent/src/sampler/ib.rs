@@ -301,7 +301,20 @@ fn sample_port(
         port_xmit_discards,
         port_xmit_wait,
     ] = ERROR_COUNTERS.map(|name| {
-        read_error_counter(&dir.join(COUNTERS_DIR).join(name)).unwrap_or_else(|e| {
+        read_plain_counter(&dir.join(COUNTERS_DIR).join(name)).unwrap_or_else(|e| {
+            errors.push(e);
+            None
+        })
+    });
+    let [
+        hw_out_of_buffer,
+        hw_out_of_sequence,
+        hw_packet_seq_err,
+        hw_local_ack_timeout_err,
+        hw_rnr_nak_retry_err,
+        hw_implied_nak_seq_err,
+    ] = HW_COUNTERS.map(|name| {
+        read_plain_counter(&dir.join(HW_COUNTERS_DIR).join(name)).unwrap_or_else(|e| {
             errors.push(e);
             None
         })
@@ -333,8 +346,27 @@ fn sample_port(
         port_rcv_errors,
         port_xmit_discards,
         port_xmit_wait,
+        hw_out_of_buffer,
+        hw_out_of_sequence,
+        hw_packet_seq_err,
+        hw_local_ack_timeout_err,
+        hw_rnr_nak_retry_err,
+        hw_implied_nak_seq_err,
     })
 }
+
+/// Driver counters under `hw_counters/` (mlx5), in `IbPortSample` order:
+/// receive buffer overruns and the causes of transport retransmissions.
+const HW_COUNTERS: [&str; 6] = [
+    "out_of_buffer",
+    "out_of_sequence",
+    "packet_seq_err",
+    "local_ack_timeout_err",
+    "rnr_nak_retry_err",
+    "implied_nak_seq_err",
+];
+/// Where drivers put their own counters, beside the IBA ones.
+const HW_COUNTERS_DIR: &str = "hw_counters";
 
 /// Error counters under `counters/`, in `IbPortSample` order. Reported as
 /// read: they are small and rarely move, so no rates.
@@ -348,7 +380,7 @@ const ERROR_COUNTERS: [&str; 6] = [
 ];
 
 /// One error counter; None when its file does not exist.
-fn read_error_counter(path: &Path) -> Result<Option<u64>, SampleError> {
+fn read_plain_counter(path: &Path) -> Result<Option<u64>, SampleError> {
     let Some(text) = read_attr(path)? else {
         return Ok(None);
     };
@@ -578,6 +610,12 @@ mod tests {
                 port_rcv_errors: Some(7),
                 port_xmit_discards: Some(11),
                 port_xmit_wait: Some(8_231_947_811),
+                hw_out_of_buffer: Some(41),
+                hw_out_of_sequence: Some(5),
+                hw_packet_seq_err: Some(2),
+                hw_local_ack_timeout_err: Some(3),
+                hw_rnr_nak_retry_err: Some(1),
+                hw_implied_nak_seq_err: Some(4),
             }
         );
         assert!(
