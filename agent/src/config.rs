@@ -73,6 +73,11 @@ pub struct Settings {
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     #[serde(default, with = "humantime_serde")]
     pub process_interval: Option<Duration>,
+    /// Slurm prolog/epilog job mapping directory, in dcgm-exporter's format: one
+    /// file per GPU index holding the job ids on it, one per line. It wins over
+    /// the jobs found from the GPUs' processes [default: none].
+    #[arg(long, value_name = "DIR")]
+    pub hpc_job_mapping_dir: Option<PathBuf>,
     /// Log filter, as in RUST_LOG (e.g. "info", "gputel_agent=debug") [default: info].
     #[arg(long, value_name = "FILTER")]
     pub log: Option<String>,
@@ -96,6 +101,7 @@ impl Settings {
             max_pending_batches: self.max_pending_batches.or(other.max_pending_batches),
             drain_timeout: self.drain_timeout.or(other.drain_timeout),
             process_interval: self.process_interval.or(other.process_interval),
+            hpc_job_mapping_dir: self.hpc_job_mapping_dir.or(other.hpc_job_mapping_dir),
             log: self.log.or(other.log),
             metrics_listen: self.metrics_listen.or(other.metrics_listen),
         }
@@ -114,6 +120,7 @@ pub struct Config {
     pub max_pending_batches: usize,
     pub drain_timeout: Duration,
     pub process_interval: Duration,
+    pub hpc_job_mapping_dir: Option<PathBuf>,
     pub log: String,
     /// Where to serve `/metrics`; None: not served.
     pub metrics_listen: Option<SocketAddr>,
@@ -167,6 +174,7 @@ impl Config {
             max_pending_batches: s.max_pending_batches.unwrap_or(3600),
             drain_timeout: s.drain_timeout.unwrap_or(Duration::from_secs(10)),
             process_interval: s.process_interval.unwrap_or(Duration::from_secs(10)),
+            hpc_job_mapping_dir: s.hpc_job_mapping_dir,
             log: s.log.unwrap_or_else(|| "info".to_owned()),
             metrics_listen: s.metrics_listen,
         };

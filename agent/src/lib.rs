@@ -8,6 +8,7 @@
 
 pub mod client;
 pub mod config;
+pub mod jobs;
 pub mod metrics;
 pub mod sampler;
 pub mod sampling;

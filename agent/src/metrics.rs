@@ -954,6 +954,7 @@ mod tests {
             kind: EventKind::Xid as i32,
             code,
             detail: String::new(),
+            job_id: None,
         }
     }
 
@@ -1190,6 +1191,7 @@ mod tests {
             load1: Some(23.41),
             load5: Some(22.87),
             load15: None,
+            jobs: Vec::new(),
         };
         let port = IbPortSample {
             ts_us: TS_US,

@@ -10,6 +10,7 @@ use gputel_proto::Batch;
 use tracing::{debug, info, warn};
 
 use crate::config::Config;
+use crate::jobs::JobAttributor;
 use crate::sampler::gpu::{GpuOptions, GpuSampler, GpuUnavailable};
 use crate::sampler::ib::IbSampler;
 use crate::sampler::node::NodeSampler;
@@ -23,6 +24,7 @@ pub struct Samplers {
     pub gpu: Result<GpuSampler, GpuUnavailable>,
     pub node: NodeSampler,
     pub ib: IbSampler,
+    pub jobs: JobAttributor,
     reported: HashSet<String>,
 }
 
@@ -63,6 +65,7 @@ impl Samplers {
             gpu,
             node: NodeSampler::new(&config.procfs_root),
             ib,
+            jobs: JobAttributor::new(&config.procfs_root, config.hpc_job_mapping_dir.clone()),
             reported: HashSet::new(),
         }
     }
@@ -78,6 +81,8 @@ impl Samplers {
         let mut errors = Vec::new();
         tick.batch.node.push(self.node.sample(ts_us, &mut errors));
         self.ib.sample(ts_us, &mut tick.batch.ib, &mut errors);
+        let listed = self.gpu.as_ref().is_ok_and(GpuSampler::processes_listed);
+        self.jobs.apply(&mut tick.batch, listed);
         for e in errors {
             let text = e.to_string();
             // GPU errors are logged by their sampler; host errors here, once each.

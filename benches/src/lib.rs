@@ -575,7 +575,7 @@ mod tests {
 
     #[test]
     fn a_row_of_each_table_holds_the_documented_metric_values() {
-        assert_eq!(metric_columns(Table::Gpu).len(), 32);
+        assert_eq!(metric_columns(Table::Gpu).len(), 33);
         assert_eq!(metric_columns(Table::Node).len(), 11);
         assert_eq!(metric_columns(Table::Ib).len(), 21);
     }
@@ -605,8 +605,8 @@ mod tests {
             .collect();
         assert!(temps.iter().all(|t| (25..=90).contains(t)), "{temps:?}");
         let values = dataset_metric_values(&batches);
-        // The simulation fills 11 GPU metrics plus the XID count, all 11 node
+        // The simulation fills 11 GPU metrics plus the XID and job counts, all 11 node
         // metrics and 9 of the 21 IB metrics (not the error or driver counters).
-        assert_eq!(values, 2400 * (8 * 12 + 11 + 4 * 9));
+        assert_eq!(values, 2400 * (8 * 13 + 11 + 4 * 9));
     }
 }

@@ -6,11 +6,11 @@ use std::sync::Arc;
 
 use arrow_array::builder::{
     ArrayBuilder, BooleanBuilder, Float32Builder, Float64Builder, Int32Builder, Int64Builder,
-    StringBuilder, StringDictionaryBuilder, TimestampMicrosecondBuilder,
+    ListBuilder, StringBuilder, StringDictionaryBuilder, TimestampMicrosecondBuilder,
 };
 use arrow_array::types::Int32Type;
 use arrow_array::{ArrayRef, RecordBatch};
-use arrow_schema::ArrowError;
+use arrow_schema::{ArrowError, DataType, Field};
 use gputel_proto::{GpuEvent, GpuProcess, GpuSample, IbPortSample, NodeSample};
 use gputel_schemas::{PartitionKey, Table};
 
@@ -24,7 +24,25 @@ pub struct WriteBuffer {
     ib: BTreeMap<PartitionKey, IbRows>,
     event: BTreeMap<PartitionKey, EventRows>,
     gpu_process: BTreeMap<PartitionKey, GpuProcessRows>,
+    /// What was seen of each job on each GPU, per partition, for the `job` table.
+    jobs: BTreeMap<PartitionKey, BTreeMap<JobOnGpu, Seen>>,
     rows: usize,
+}
+
+/// A job on one GPU of one node.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct JobOnGpu {
+    job_id: String,
+    node: String,
+    gpu: u32,
+}
+
+/// When a job was seen on a GPU, and how often.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    first_us: i64,
+    last_us: i64,
+    samples: i64,
 }
 
 impl std::fmt::Debug for WriteBuffer {
@@ -33,7 +51,8 @@ impl std::fmt::Debug for WriteBuffer {
             + self.node.len()
             + self.ib.len()
             + self.event.len()
-            + self.gpu_process.len();
+            + self.gpu_process.len()
+            + self.jobs.len();
         f.debug_struct("WriteBuffer")
             .field("partitions", &partitions)
             .field("rows", &self.rows)
@@ -46,6 +65,31 @@ impl WriteBuffer {
     pub fn append(&mut self, node: &str, batch: ValidBatch<'_>) {
         let batch = batch.get();
         append_all(&mut self.gpu, node, &batch.gpu, |s| s.ts_us);
+        for s in &batch.gpu {
+            if let Some(job_id) = &s.job_id {
+                let key = PartitionKey::from_ts_us(s.ts_us)
+                    .expect("ValidBatch guarantees every timestamp has a partition");
+                let job = JobOnGpu {
+                    job_id: job_id.clone(),
+                    node: node.to_owned(),
+                    gpu: s.gpu,
+                };
+                self.jobs
+                    .entry(key)
+                    .or_default()
+                    .entry(job)
+                    .and_modify(|seen| {
+                        seen.first_us = seen.first_us.min(s.ts_us);
+                        seen.last_us = seen.last_us.max(s.ts_us);
+                        seen.samples += 1;
+                    })
+                    .or_insert(Seen {
+                        first_us: s.ts_us,
+                        last_us: s.ts_us,
+                        samples: 1,
+                    });
+            }
+        }
         append_all(&mut self.node, node, &batch.node, |s| s.ts_us);
         append_all(&mut self.ib, node, &batch.ib, |s| s.ts_us);
         append_all(&mut self.event, node, &batch.event, |s| s.ts_us);
@@ -68,6 +112,17 @@ impl WriteBuffer {
         finish_all(Table::Ib, &mut self.ib, &mut out)?;
         finish_all(Table::Event, &mut self.event, &mut out)?;
         finish_all(Table::GpuProcess, &mut self.gpu_process, &mut out)?;
+        for (key, jobs) in std::mem::take(&mut self.jobs) {
+            let mut rows = JobRows::default();
+            for (job, seen) in &jobs {
+                rows.push(job, seen);
+            }
+            out.push((
+                Table::Job,
+                key,
+                RecordBatch::try_new(Table::Job.schema(), rows.finish())?,
+            ));
+        }
         Ok(out)
     }
 }
@@ -132,6 +187,39 @@ type Dict = StringDictionaryBuilder<Int32Type>;
 impl Put<&str> for Dict {
     fn put(&mut self, value: &str) {
         self.append_value(value);
+    }
+}
+
+impl Put<Option<&str>> for Dict {
+    fn put(&mut self, value: Option<&str>) {
+        self.append_option(value);
+    }
+}
+
+/// A list of strings whose items are never null, as the schemas declare.
+struct StrList(ListBuilder<StringBuilder>);
+
+impl Default for StrList {
+    fn default() -> Self {
+        StrList(
+            ListBuilder::new(StringBuilder::new())
+                .with_field(Field::new_list_field(DataType::Utf8, false)),
+        )
+    }
+}
+
+impl Put<&[String]> for StrList {
+    fn put(&mut self, value: &[String]) {
+        for item in value {
+            self.0.values().append_value(item);
+        }
+        self.0.append(true);
+    }
+}
+
+impl FinishColumn for StrList {
+    fn finish_column(&mut self) -> ArrayRef {
+        Arc::new(self.0.finish())
     }
 }
 
@@ -270,6 +358,9 @@ table_rows!(GpuRows for GpuSample, |node, s| {
     nvlink_tx_bytes_per_s: Int64Builder = s.nvlink_tx_bytes_per_s.map(i64_of),
     nvlink_rx_bytes_per_s: Int64Builder = s.nvlink_rx_bytes_per_s.map(i64_of),
     xid_count: Int32Builder = Some(i32_of(s.xid_count)),
+    job_id: Dict = s.job_id.as_deref(),
+    pod_uid: Dict = s.pod_uid.as_deref(),
+    job_count: Int32Builder = Some(i32_of(s.job_count)),
 });
 
 table_rows!(NodeRows for NodeSample, |node, s| {
@@ -286,6 +377,7 @@ table_rows!(NodeRows for NodeSample, |node, s| {
     load1: Float32Builder = s.load1,
     load5: Float32Builder = s.load5,
     load15: Float32Builder = s.load15,
+    jobs: StrList = s.jobs.as_slice(),
 });
 
 table_rows!(IbRows for IbPortSample, |node, s| {
@@ -325,6 +417,7 @@ table_rows!(EventRows for GpuEvent, |node, s| {
     kind: Dict = s.kind().name(),
     code: Int64Builder = Some(i64_of(s.code)),
     detail: StringBuilder = s.detail.as_str(),
+    job_id: Dict = s.job_id.as_deref(),
 });
 
 table_rows!(GpuProcessRows for GpuProcess, |node, s| {
@@ -335,4 +428,39 @@ table_rows!(GpuProcessRows for GpuProcess, |node, s| {
     pid: Int32Builder = Some(i32_of(s.pid)),
     used_memory_bytes: Int64Builder = s.used_memory_bytes.map(i64_of),
     command: Dict = s.command.as_str(),
+    job_id: Dict = s.job_id.as_deref(),
+    pod_uid: Dict = s.pod_uid.as_deref(),
 });
+
+/// Job rows: one per (job, node, GPU) seen in a partition.
+#[derive(Default)]
+struct JobRows {
+    job_id: Dict,
+    node: Dict,
+    gpu: Int32Builder,
+    ts: Ts,
+    last_ts: Ts,
+    samples: Int64Builder,
+}
+
+impl JobRows {
+    fn push(&mut self, job: &JobOnGpu, seen: &Seen) {
+        self.job_id.put(job.job_id.as_str());
+        self.node.put(job.node.as_str());
+        self.gpu.put(Some(i32_of(job.gpu)));
+        self.ts.put(seen.first_us);
+        self.last_ts.put(seen.last_us);
+        self.samples.put(Some(seen.samples));
+    }
+
+    fn finish(&mut self) -> Vec<ArrayRef> {
+        vec![
+            self.job_id.finish_column(),
+            self.node.finish_column(),
+            self.gpu.finish_column(),
+            self.ts.finish_column(),
+            self.last_ts.finish_column(),
+            self.samples.finish_column(),
+        ]
+    }
+}

@@ -105,6 +105,9 @@ pub fn validate_batch(batch: &Batch, now_us: i64) -> Result<ValidBatch<'_>, Vali
         c.text("uuid", &s.uuid)?;
         c.text("model", &s.model)?;
         c.int32("xid_count", Some(s.xid_count))?;
+        c.int32("job_count", Some(s.job_count))?;
+        c.opt_text("job_id", s.job_id.as_deref())?;
+        c.opt_text("pod_uid", s.pod_uid.as_deref())?;
         for (field, v) in [
             ("temperature_c", s.temperature_c),
             ("memory_temperature_c", s.memory_temperature_c),
@@ -149,6 +152,9 @@ pub fn validate_batch(batch: &Batch, now_us: i64) -> Result<ValidBatch<'_>, Vali
     for (row, s) in batch.node.iter().enumerate() {
         let c = check.row("node", row, s.ts_us)?;
         c.int32("cpu_count", Some(s.cpu_count))?;
+        for job in &s.jobs {
+            c.text("jobs", job)?;
+        }
         for (field, v) in [
             ("cpu_user_pct", s.cpu_user_pct),
             ("cpu_system_pct", s.cpu_system_pct),
@@ -209,6 +215,7 @@ pub fn validate_batch(batch: &Batch, now_us: i64) -> Result<ValidBatch<'_>, Vali
         c.text("uuid", &s.uuid)?;
         c.int64("code", Some(s.code))?;
         c.text_up_to("detail", &s.detail, MAX_DETAIL_BYTES)?;
+        c.opt_text("job_id", s.job_id.as_deref())?;
         if !matches!(
             EventKind::try_from(s.kind),
             Ok(EventKind::Xid
@@ -225,6 +232,8 @@ pub fn validate_batch(batch: &Batch, now_us: i64) -> Result<ValidBatch<'_>, Vali
         c.int32("pid", Some(s.pid))?;
         c.text("uuid", &s.uuid)?;
         c.text("command", &s.command)?;
+        c.opt_text("job_id", s.job_id.as_deref())?;
+        c.opt_text("pod_uid", s.pod_uid.as_deref())?;
         c.int64("used_memory_bytes", s.used_memory_bytes)?;
     }
     Ok(ValidBatch(batch))
@@ -289,6 +298,10 @@ impl Row {
             Some(v) if !v.is_finite() => Err(self.fail(field, "not a finite number")),
             _ => Ok(()),
         }
+    }
+
+    fn opt_text(self, field: &'static str, v: Option<&str>) -> Result<(), ValidationError> {
+        v.map_or(Ok(()), |v| self.text(field, v))
     }
 
     fn text(self, field: &'static str, v: &str) -> Result<(), ValidationError> {

@@ -87,6 +87,7 @@ fn node(id: u32, ts_us: i64) -> NodeSample {
         load1: pct(id as f32 / 4.0),
         load5: pct(id as f32 / 8.0),
         load15: None,
+        jobs: Vec::new(),
     }
 }
 
@@ -638,7 +639,7 @@ async fn physical_layout_matches_the_design() {
         (Table::Node, vec![1, 0]),
         (Table::Ib, vec![1, 2, 3, 0]),
     ]);
-    assert_eq!(Table::Gpu.bloom_filter_columns(), &["node"]);
+    assert_eq!(Table::Gpu.bloom_filter_columns(), &["node", "job_id"]);
 
     for Facts {
         table,

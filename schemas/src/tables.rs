@@ -11,6 +11,7 @@ pub mod col {
     pub const DEVICE: &str = "device";
     pub const PORT: &str = "port";
     pub const PID: &str = "pid";
+    pub const JOB_ID: &str = "job_id";
 }
 
 /// A table the collector writes.
@@ -26,16 +27,20 @@ pub enum Table {
     Event,
     /// One row per compute process per GPU per process refresh.
     GpuProcess,
+    /// What the collector observed of each job: one row per (job, node, GPU)
+    /// per written file, with the first and last sample time.
+    Job,
 }
 
 impl Table {
     /// Every table, in a stable order.
-    pub const ALL: [Table; 5] = [
+    pub const ALL: [Table; 6] = [
         Table::Gpu,
         Table::Node,
         Table::Ib,
         Table::Event,
         Table::GpuProcess,
+        Table::Job,
     ];
 
     /// The table's name: its directory under the store and its golden file's stem.
@@ -46,6 +51,7 @@ impl Table {
             Table::Ib => "ib",
             Table::Event => "event",
             Table::GpuProcess => "gpu_process",
+            Table::Job => "job",
         }
     }
 
@@ -58,6 +64,7 @@ impl Table {
             Table::Ib => IB.clone(),
             Table::Event => EVENT.clone(),
             Table::GpuProcess => GPU_PROCESS.clone(),
+            Table::Job => JOB.clone(),
         }
     }
 
@@ -66,6 +73,7 @@ impl Table {
         match self {
             Table::Gpu | Table::Event => &[col::NODE, col::GPU, col::TS],
             Table::GpuProcess => &[col::NODE, col::GPU, col::PID, col::TS],
+            Table::Job => &[col::JOB_ID, col::NODE, col::GPU, col::TS],
             Table::Node => &[col::NODE, col::TS],
             Table::Ib => &[col::NODE, col::DEVICE, col::PORT, col::TS],
         }
@@ -73,7 +81,10 @@ impl Table {
 
     /// String columns worth a bloom filter: the ones queries filter on by equality.
     pub fn bloom_filter_columns(self) -> &'static [&'static str] {
-        &[col::NODE]
+        match self {
+            Table::Node | Table::Ib => &[col::NODE],
+            Table::Gpu | Table::Event | Table::GpuProcess | Table::Job => &[col::NODE, col::JOB_ID],
+        }
     }
 }
 
@@ -148,6 +159,9 @@ static GPU: LazyLock<SchemaRef> = LazyLock::new(|| {
         opt("nvlink_tx_bytes_per_s", DataType::Int64),
         opt("nvlink_rx_bytes_per_s", DataType::Int64),
         Field::new("xid_count", DataType::Int32, false),
+        dict_str(col::JOB_ID, true),
+        dict_str("pod_uid", true),
+        Field::new("job_count", DataType::Int32, false),
     ]))
 });
 
@@ -166,6 +180,11 @@ static NODE: LazyLock<SchemaRef> = LazyLock::new(|| {
         opt("load1", DataType::Float32),
         opt("load5", DataType::Float32),
         opt("load15", DataType::Float32),
+        Field::new(
+            "jobs",
+            DataType::List(Arc::new(Field::new_list_field(DataType::Utf8, false))),
+            false,
+        ),
     ]))
 });
 
@@ -209,6 +228,7 @@ static EVENT: LazyLock<SchemaRef> = LazyLock::new(|| {
         dict_str("kind", false),
         Field::new("code", DataType::Int64, false),
         Field::new("detail", DataType::Utf8, false),
+        dict_str(col::JOB_ID, true),
     ]))
 });
 
@@ -221,6 +241,24 @@ static GPU_PROCESS: LazyLock<SchemaRef> = LazyLock::new(|| {
         Field::new(col::PID, DataType::Int32, false),
         opt("used_memory_bytes", DataType::Int64),
         dict_str("command", false),
+        dict_str(col::JOB_ID, true),
+        dict_str("pod_uid", true),
+    ]))
+});
+
+static JOB: LazyLock<SchemaRef> = LazyLock::new(|| {
+    Arc::new(Schema::new(vec![
+        dict_str(col::JOB_ID, false),
+        dict_str(col::NODE, false),
+        Field::new(col::GPU, DataType::Int32, false),
+        // First sample of the job on this GPU in the file; the partition's time.
+        ts(),
+        Field::new(
+            "last_ts",
+            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+            false,
+        ),
+        Field::new("samples", DataType::Int64, false),
     ]))
 });
 

@@ -193,6 +193,8 @@ pub struct GpuSampler {
     procfs_root: PathBuf,
     process_interval_us: i64,
     next_process_ts: i64,
+    /// Whether the last [`GpuSampler::sample`] listed the compute processes.
+    processes_listed: bool,
 }
 
 impl GpuSampler {
@@ -272,6 +274,7 @@ impl GpuSampler {
             procfs_root: options.procfs_root.clone(),
             process_interval_us: options.process_interval_us.max(1),
             next_process_ts: i64::MIN,
+            processes_listed: false,
         })
     }
 
@@ -300,11 +303,12 @@ impl GpuSampler {
                     uuid: gpu.uuid.clone(),
                     kind: EventKind::Xid.into(),
                     code: x.xid,
-                    detail: String::new(),
+                    ..GpuEvent::default()
                 });
             }
         }
         let list_processes = ts_us >= self.next_process_ts;
+        self.processes_listed = list_processes;
         if list_processes {
             self.next_process_ts = crate::sampling::next_tick(ts_us, self.process_interval_us);
         }
@@ -326,6 +330,7 @@ impl GpuSampler {
                         kind: EventKind::GpuLost.into(),
                         code: 0,
                         detail,
+                        job_id: None,
                     });
                 }
                 gpu.lost = true;
@@ -354,6 +359,11 @@ impl GpuSampler {
             }
         }
         errors
+    }
+
+    /// Whether the last tick listed every GPU's compute processes.
+    pub fn processes_listed(&self) -> bool {
+        self.processes_listed
     }
 
     /// The NVML library handle.
@@ -530,6 +540,7 @@ fn sample_device(
         nvlink_tx_bytes_per_s: rate(|c| c.nvlink_tx_kib, 1024),
         nvlink_rx_bytes_per_s: rate(|c| c.nvlink_rx_kib, 1024),
         xid_count,
+        ..GpuSample::default()
     };
     // The start of a throttling episode is an event: a reason bit that was
     // clear at the previous tick and is set now.
@@ -546,7 +557,7 @@ fn sample_device(
                     uuid: gpu.uuid.clone(),
                     kind: kind.into(),
                     code: now_bits,
-                    detail: String::new(),
+                    ..GpuEvent::default()
                 });
             }
         }
@@ -627,6 +638,7 @@ fn list_compute_processes(
                 UsedGpuMemory::Unavailable => None,
             },
             command,
+            ..GpuProcess::default()
         });
     }
 }

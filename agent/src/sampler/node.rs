@@ -360,6 +360,7 @@ mod tests {
                 load1: Some(23.41),
                 load5: Some(22.87),
                 load15: Some(21.96),
+                jobs: Vec::new(),
             }
         );
         assert_eq!(s.memory_total_bytes, Some(TOTAL_BYTES));

@@ -1,0 +1,368 @@
+//! Job attribution: which scheduler job (and Kubernetes pod) owns each GPU.
+//!
+//! Sources, in order of precedence per GPU:
+//! 1. a Slurm prolog/epilog mapping directory (`--hpc-job-mapping-dir`) in
+//!    dcgm-exporter's HPC job-mapping format: one file per GPU index, holding
+//!    the job ids on that GPU, one per line;
+//! 2. the cgroup of each compute process on the GPU (`/proc/<pid>/cgroup`):
+//!    Slurm on cgroup v1 (`/slurm/uid_<u>/job_<id>/…`) and v2
+//!    (`…/job_<id>/step_<n>/…`), Kubernetes pods (`…kubepods…-pod<uid>.slice`
+//!    with the systemd driver, `…/pod<uid>/…` with cgroupfs);
+//! 3. `SLURM_JOB_ID` in `/proc/<pid>/environ`.
+//!
+//! Processes are listed at the slower process cadence, so a GPU's jobs are
+//! those of its last listing. A process that ended between NVML's listing and
+//! the /proc read is normal and simply contributes nothing.
+//!
+//! A GPU shared by several jobs has `job_count` > 1 and no `job_id`: its
+//! samples cannot be split between the jobs, and pretending otherwise would
+//! put one job's usage on another. The `gpu_process` rows still name each
+//! process's job.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+
+use gputel_proto::Batch;
+use tracing::debug;
+
+/// What owns one process.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Owner {
+    pub job_id: Option<String>,
+    pub pod_uid: Option<String>,
+}
+
+/// The jobs and pods on one GPU.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct GpuJobs {
+    jobs: BTreeSet<String>,
+    pods: BTreeSet<String>,
+}
+
+/// Tracks the jobs on every GPU and stamps them on each tick's rows.
+#[derive(Debug)]
+pub struct JobAttributor {
+    procfs_root: PathBuf,
+    mapping_dir: Option<PathBuf>,
+    /// From the last process listing, by GPU index.
+    from_processes: HashMap<u32, GpuJobs>,
+}
+
+impl JobAttributor {
+    pub fn new(procfs_root: impl Into<PathBuf>, mapping_dir: Option<PathBuf>) -> Self {
+        Self {
+            procfs_root: procfs_root.into(),
+            mapping_dir,
+            from_processes: HashMap::new(),
+        }
+    }
+
+    /// Fills the job columns of a tick's rows. `processes_listed` says whether
+    /// this tick listed every GPU's processes (its `gpu_process` rows, possibly
+    /// none, are then the whole truth).
+    pub fn apply(&mut self, batch: &mut Batch, processes_listed: bool) {
+        if processes_listed {
+            self.from_processes.clear();
+            for p in &mut batch.gpu_process {
+                let owner = owner_of(&self.procfs_root, p.pid);
+                let jobs = self.from_processes.entry(p.gpu).or_default();
+                if let Some(job) = &owner.job_id {
+                    jobs.jobs.insert(job.clone());
+                }
+                if let Some(pod) = &owner.pod_uid {
+                    jobs.pods.insert(pod.clone());
+                }
+                p.job_id = owner.job_id;
+                p.pod_uid = owner.pod_uid;
+            }
+        }
+        let mut node_jobs = BTreeSet::new();
+        let mut single_job: HashMap<u32, Option<String>> = HashMap::new();
+        for row in &mut batch.gpu {
+            let mapped = self
+                .mapping_dir
+                .as_deref()
+                .and_then(|dir| read_mapping(dir, row.gpu));
+            let seen = self.from_processes.get(&row.gpu);
+            let jobs = match &mapped {
+                Some(jobs) => jobs,
+                None => match seen {
+                    Some(seen) => &seen.jobs,
+                    None => &BTreeSet::new(),
+                },
+            };
+            row.job_count = jobs.len() as u32;
+            row.job_id = single(jobs);
+            row.pod_uid = seen.and_then(|s| single(&s.pods));
+            node_jobs.extend(jobs.iter().cloned());
+            single_job.insert(row.gpu, row.job_id.clone());
+        }
+        for event in &mut batch.event {
+            event.job_id = single_job.get(&event.gpu).cloned().flatten();
+        }
+        for node in &mut batch.node {
+            node.jobs = node_jobs.iter().cloned().collect();
+        }
+    }
+}
+
+fn single(set: &BTreeSet<String>) -> Option<String> {
+    match set.len() {
+        1 => set.iter().next().cloned(),
+        _ => None,
+    }
+}
+
+/// The job ids in `<dir>/<gpu>`, one per line; None when the file is missing
+/// or empty (the GPU is idle as far as the prolog knows).
+fn read_mapping(dir: &Path, gpu: u32) -> Option<BTreeSet<String>> {
+    let path = dir.join(gpu.to_string());
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) => {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                debug!(path = %path.display(), error = %e, "job mapping file unreadable");
+            }
+            return None;
+        }
+    };
+    let jobs: BTreeSet<String> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| is_job_id(l))
+        .map(str::to_owned)
+        .collect();
+    (!jobs.is_empty()).then_some(jobs)
+}
+
+/// Job ids are what schedulers print: digits, with `_` for array tasks and
+/// `+` for heterogeneous components. Anything else is ignored.
+fn is_job_id(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'+' | b'.' | b'-'))
+}
+
+/// The job and pod of a process, from its cgroup, then its environment.
+pub fn owner_of(procfs_root: &Path, pid: u32) -> Owner {
+    let dir = procfs_root.join(pid.to_string());
+    let mut owner = std::fs::read_to_string(dir.join("cgroup"))
+        .map(|text| owner_from_cgroup(&text))
+        .unwrap_or_default();
+    if owner.job_id.is_none()
+        && let Ok(environ) = std::fs::read(dir.join("environ"))
+    {
+        owner.job_id = slurm_job_from_environ(&environ);
+    }
+    owner
+}
+
+/// Parses `/proc/<pid>/cgroup` (v1 lines `id:controllers:path`, v2 `0::path`).
+pub fn owner_from_cgroup(text: &str) -> Owner {
+    let mut owner = Owner::default();
+    for line in text.lines() {
+        let Some(path) = line.splitn(3, ':').nth(2) else {
+            continue;
+        };
+        for part in path.split('/') {
+            if owner.job_id.is_none()
+                && let Some(id) = part.strip_prefix("job_")
+                && !id.is_empty()
+                && id.bytes().all(|b| b.is_ascii_digit())
+            {
+                owner.job_id = Some(id.to_owned());
+            }
+            if owner.pod_uid.is_none() {
+                owner.pod_uid = pod_uid(part);
+            }
+        }
+    }
+    owner
+}
+
+/// A Kubernetes pod UID from one cgroup path component: `pod<uid>` (cgroupfs
+/// driver) or `kubepods-<qos>-pod<uid with _ for ->.slice` (systemd driver).
+fn pod_uid(part: &str) -> Option<String> {
+    let uid = if let Some(slice) = part.strip_suffix(".slice") {
+        let (_, uid) = slice.rsplit_once("-pod")?;
+        uid.replace('_', "-")
+    } else {
+        part.strip_prefix("pod")?.to_owned()
+    };
+    let looks_like_uid = uid.len() == 36
+        && uid.bytes().enumerate().all(|(i, b)| {
+            if matches!(i, 8 | 13 | 18 | 23) {
+                b == b'-'
+            } else {
+                b.is_ascii_hexdigit()
+            }
+        });
+    looks_like_uid.then_some(uid)
+}
+
+/// `SLURM_JOB_ID` from a NUL-separated `/proc/<pid>/environ`.
+pub fn slurm_job_from_environ(environ: &[u8]) -> Option<String> {
+    environ
+        .split(|b| *b == 0)
+        .filter_map(|kv| kv.strip_prefix(b"SLURM_JOB_ID="))
+        .filter_map(|v| std::str::from_utf8(v).ok())
+        .find(|v| is_job_id(v))
+        .map(str::to_owned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gputel_proto::{GpuEvent, GpuProcess, GpuSample, NodeSample};
+
+    fn fixture_proc() -> PathBuf {
+        PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/proc"
+        ))
+    }
+
+    fn owner(job: Option<&str>, pod: Option<&str>) -> Owner {
+        Owner {
+            job_id: job.map(str::to_owned),
+            pod_uid: pod.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn slurm_cgroup_v2_v1_kubernetes_and_environ_fixtures() {
+        let root = fixture_proc();
+        assert_eq!(owner_of(&root, 4242), owner(Some("4242"), None));
+        assert_eq!(owner_of(&root, 5151), owner(Some("5151"), None));
+        assert_eq!(
+            owner_of(&root, 6161),
+            owner(None, Some("8f3c2a1e-4b5d-4c6e-9f70-123456789abc"))
+        );
+        assert_eq!(
+            owner_of(&root, 6262),
+            owner(None, Some("5e6f7a8b-1c2d-4e3f-8a9b-0c1d2e3f4a5b"))
+        );
+        assert_eq!(owner_of(&root, 7171), owner(Some("7171"), None));
+        // A process that ended before /proc was read: nobody, no error.
+        assert_eq!(owner_of(&root, 999_999), Owner::default());
+    }
+
+    #[test]
+    fn cgroup_lines_without_jobs_or_pods_are_nobody() {
+        assert_eq!(
+            owner_from_cgroup("0::/user.slice/user-1000.slice/session-3.scope\n"),
+            Owner::default()
+        );
+        assert_eq!(owner_from_cgroup("garbage"), Owner::default());
+        assert_eq!(owner_from_cgroup("0::/slurm/job_/x"), Owner::default());
+        assert_eq!(owner_from_cgroup("0::/a/podnot-a-uid/b"), Owner::default());
+    }
+
+    #[test]
+    fn environ_fallback_takes_only_slurm_job_id() {
+        assert_eq!(
+            slurm_job_from_environ(b"A=1\0SLURM_JOB_IDX=9\0SLURM_JOB_ID=77\0"),
+            Some("77".to_owned())
+        );
+        assert_eq!(slurm_job_from_environ(b"SLURM_JOB_ID=../x\0"), None);
+        assert_eq!(slurm_job_from_environ(b""), None);
+    }
+
+    fn gpu(index: u32) -> GpuSample {
+        GpuSample {
+            gpu: index,
+            ..GpuSample::default()
+        }
+    }
+
+    fn process(gpu: u32, pid: u32) -> GpuProcess {
+        GpuProcess {
+            gpu,
+            pid,
+            ..GpuProcess::default()
+        }
+    }
+
+    #[test]
+    fn every_row_gets_its_gpus_job_and_shared_gpus_none() {
+        let mut jobs = JobAttributor::new(fixture_proc(), None);
+        let mut batch = Batch {
+            gpu: (0..4).map(gpu).collect(),
+            node: vec![NodeSample::default()],
+            gpu_process: vec![
+                process(0, 4242),
+                process(1, 6161),
+                process(2, 4242),
+                process(2, 5151),
+            ],
+            event: vec![GpuEvent {
+                gpu: 0,
+                ..GpuEvent::default()
+            }],
+            ..Batch::default()
+        };
+        jobs.apply(&mut batch, true);
+        let got: Vec<_> = batch
+            .gpu
+            .iter()
+            .map(|g| (g.job_id.as_deref(), g.job_count, g.pod_uid.as_deref()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (Some("4242"), 1, None),
+                (None, 0, Some("8f3c2a1e-4b5d-4c6e-9f70-123456789abc")),
+                (None, 2, None),
+                (None, 0, None),
+            ]
+        );
+        assert_eq!(batch.node[0].jobs, ["4242", "5151"]);
+        assert_eq!(batch.event[0].job_id.as_deref(), Some("4242"));
+        assert_eq!(batch.gpu_process[3].job_id.as_deref(), Some("5151"));
+
+        // Between listings the GPUs keep their jobs.
+        let mut next = Batch {
+            gpu: (0..4).map(gpu).collect(),
+            ..Batch::default()
+        };
+        jobs.apply(&mut next, false);
+        assert_eq!(next.gpu[0].job_id.as_deref(), Some("4242"));
+        // A listing with no processes makes every GPU idle.
+        let mut idle = Batch {
+            gpu: (0..4).map(gpu).collect(),
+            ..Batch::default()
+        };
+        jobs.apply(&mut idle, true);
+        assert!(
+            idle.gpu
+                .iter()
+                .all(|g| g.job_id.is_none() && g.job_count == 0)
+        );
+    }
+
+    #[test]
+    fn the_mapping_directory_wins_over_processes() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("0"), "4243\n").unwrap();
+        std::fs::write(dir.path().join("1"), "").unwrap();
+        std::fs::write(dir.path().join("3"), "100\n101\n../etc\n").unwrap();
+        let mut jobs = JobAttributor::new(fixture_proc(), Some(dir.path().to_owned()));
+        let mut batch = Batch {
+            gpu: (0..4).map(gpu).collect(),
+            gpu_process: vec![process(0, 4242), process(1, 5151)],
+            ..Batch::default()
+        };
+        jobs.apply(&mut batch, true);
+        let got: Vec<_> = batch
+            .gpu
+            .iter()
+            .map(|g| (g.job_id.as_deref(), g.job_count))
+            .collect();
+        // GPU 1's empty file falls back to its process; GPU 3 is shared.
+        assert_eq!(
+            got,
+            [(Some("4243"), 1), (Some("5151"), 1), (None, 0), (None, 2)]
+        );
+    }
+}
