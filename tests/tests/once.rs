@@ -59,12 +59,15 @@ fn the_default_fake_presents_eight_h100s_with_every_field() {
         for field in GPU_FIELDS {
             assert!(!fields[field].is_null(), "GPU {i}: {field} is null");
         }
-        // Every other field too, but for retired pages: H100s remap rows instead.
-        assert_eq!(fields.len(), 39, "{gpu}");
+        // Every other field too, but for retired pages (H100s remap rows
+        // instead) and the job and pod (the built-in GPUs run nothing).
+        assert_eq!(fields.len(), 42, "{gpu}");
         for (field, value) in fields {
-            let retired = field.starts_with("retired_pages_");
-            assert_eq!(value.is_null(), retired, "GPU {i}: {field} = {value}");
+            let absent =
+                field.starts_with("retired_pages_") || field == "job_id" || field == "pod_uid";
+            assert_eq!(value.is_null(), absent, "GPU {i}: {field} = {value}");
         }
+        assert_eq!(gpu["job_count"], json!(0));
         assert_eq!(gpu["gpu"], json!(i));
         assert_eq!(gpu["model"], json!("NVIDIA H100 80GB HBM3"));
         assert_eq!(
