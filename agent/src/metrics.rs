@@ -591,11 +591,10 @@ impl Metrics {
     }
 }
 
-/// The scheduler job that owns a GPU, for dcgm-exporter's `hpc_job` label.
-/// The wire protocol carries no job yet: once `GpuSample` has one, return it
-/// here and every per-GPU series gains the label (no label while unknown).
-fn hpc_job(_sample: &GpuSample) -> Option<&str> {
-    None
+/// The scheduler job that owns a GPU, for dcgm-exporter's `hpc_job` label;
+/// no label while the GPU is idle or shared by several jobs.
+fn hpc_job(sample: &GpuSample) -> Option<&str> {
+    sample.job_id.as_deref()
 }
 
 /// dcgm-exporter's labels of one GPU, in its order.
