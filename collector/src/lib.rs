@@ -13,6 +13,7 @@ pub mod ingest;
 pub mod persist;
 pub mod store;
 pub mod validate;
+pub mod wal;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -1,0 +1,427 @@
+//! The write-ahead log. Every accepted batch is appended here and made
+//! durable (fsync) before it is acknowledged; a restart replays the log into
+//! the write buffer, so a crash loses nothing that was acknowledged.
+//!
+//! Layout of `--wal-dir`:
+//! - `wal-<segment>.log`: records `[len: u32 LE][xxh64 of payload: u64 LE][payload]`,
+//!   the payload a protobuf `WalRecord`. A flush closes the current segment
+//!   and starts the next; once the rows of the closed segments are in
+//!   Parquet, the segments are deleted.
+//! - `state.pb`: a protobuf `WalState` (the collector's id and each agent's
+//!   durable sequence number), replaced atomically before segments are
+//!   deleted, so sequence numbers outlive the records that carried them.
+//!
+//! A torn record at the end of the last segment (a crash mid-write) was never
+//! acknowledged; replay stops there and truncates it.
+
+use std::collections::HashMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+use gputel_proto::{WalRecord, WalState};
+use prost::Message;
+use twox_hash::XxHash64;
+
+/// Largest record accepted on replay; anything bigger is corruption.
+const MAX_RECORD_BYTES: usize = 64 * 1024 * 1024;
+const HEADER_BYTES: usize = 12;
+const STATE_FILE: &str = "state.pb";
+
+/// Why the log could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum WalError {
+    #[error("write-ahead log {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("write-ahead log {path} is corrupt at byte {offset}: {reason}")]
+    Corrupt {
+        path: PathBuf,
+        offset: u64,
+        reason: String,
+    },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> WalError + '_ {
+    move |source| WalError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// What the log held at start-up.
+#[derive(Debug, Default)]
+pub struct Replayed {
+    /// Every record, in the order written.
+    pub records: Vec<WalRecord>,
+    /// The segments they came from; delete them once the records are stored.
+    pub segments: Vec<u64>,
+    /// Torn records dropped from the end of the last segment.
+    pub torn_bytes: u64,
+}
+
+/// An open write-ahead log.
+#[derive(Debug)]
+pub struct Wal {
+    dir: PathBuf,
+    state: WalState,
+    segment: u64,
+    writer: BufWriter<File>,
+    dirty: bool,
+}
+
+impl Wal {
+    /// Opens (or creates) the log in `dir`, replays what it holds, and starts
+    /// a new segment for what comes next.
+    pub fn open(dir: &Path) -> Result<(Wal, Replayed), WalError> {
+        fs::create_dir_all(dir).map_err(io(dir))?;
+        let state_path = dir.join(STATE_FILE);
+        let state = match fs::read(&state_path) {
+            Ok(bytes) => WalState::decode(bytes.as_slice()).map_err(|e| WalError::Corrupt {
+                path: state_path.clone(),
+                offset: 0,
+                reason: e.to_string(),
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => WalState {
+                collector_id: uuid::Uuid::new_v4().simple().to_string()[..12].to_owned(),
+                durable: HashMap::new(),
+                next_segment: 1,
+            },
+            Err(e) => return Err(io(&state_path)(e)),
+        };
+        let mut segments = list_segments(dir)?;
+        segments.sort_unstable();
+        let mut replayed = Replayed::default();
+        for (i, &segment) in segments.iter().enumerate() {
+            let last = i + 1 == segments.len();
+            let torn = read_segment(&segment_path(dir, segment), last, &mut replayed.records)?;
+            replayed.torn_bytes += torn;
+        }
+        replayed.segments = segments.clone();
+        let next = segments
+            .last()
+            .map_or(1, |s| s + 1)
+            .max(state.next_segment)
+            .max(1);
+        let mut wal = Wal {
+            dir: dir.to_owned(),
+            state,
+            segment: next,
+            writer: BufWriter::new(create_segment(dir, next)?),
+            dirty: false,
+        };
+        for record in &replayed.records {
+            if let Some(batch) = &record.batch {
+                wal.note_durable(&record.agent_id, batch.seq);
+            }
+        }
+        // Write the state now: the collector id must not change after this.
+        wal.save_state()?;
+        Ok((wal, replayed))
+    }
+
+    /// Identifies this collector's files in the store; stable across restarts.
+    pub fn collector_id(&self) -> &str {
+        &self.state.collector_id
+    }
+
+    /// Highest durable sequence per agent.
+    pub fn durable(&self) -> &HashMap<String, u64> {
+        &self.state.durable
+    }
+
+    /// The segment being written.
+    pub fn segment(&self) -> u64 {
+        self.segment
+    }
+
+    /// Appends a record; durable only after the next [`Wal::sync`].
+    pub fn append(&mut self, record: &WalRecord) -> Result<(), WalError> {
+        let payload = record.encode_to_vec();
+        let len = u32::try_from(payload.len()).map_err(|_| WalError::Corrupt {
+            path: segment_path(&self.dir, self.segment),
+            offset: 0,
+            reason: format!("record of {} bytes is too large", payload.len()),
+        })?;
+        let path = segment_path(&self.dir, self.segment);
+        let mut header = [0u8; HEADER_BYTES];
+        header[..4].copy_from_slice(&len.to_le_bytes());
+        header[4..].copy_from_slice(&XxHash64::oneshot(0, &payload).to_le_bytes());
+        self.writer.write_all(&header).map_err(io(&path))?;
+        self.writer.write_all(&payload).map_err(io(&path))?;
+        self.dirty = true;
+        if let Some(batch) = &record.batch {
+            self.note_durable(&record.agent_id, batch.seq);
+        }
+        Ok(())
+    }
+
+    /// Makes every appended record durable.
+    pub fn sync(&mut self) -> Result<(), WalError> {
+        if !self.dirty {
+            return Ok(());
+        }
+        let path = segment_path(&self.dir, self.segment);
+        self.writer.flush().map_err(io(&path))?;
+        self.writer.get_ref().sync_data().map_err(io(&path))?;
+        self.dirty = false;
+        Ok(())
+    }
+
+    /// Syncs and closes the current segment and starts the next; returns the
+    /// closed segment's number.
+    pub fn rotate(&mut self) -> Result<u64, WalError> {
+        self.sync()?;
+        let closed = self.segment;
+        self.segment += 1;
+        self.writer = BufWriter::new(create_segment(&self.dir, self.segment)?);
+        Ok(closed)
+    }
+
+    /// Saves the durable sequence numbers, then deletes the given closed
+    /// segments: their rows are in the store.
+    pub fn release(&mut self, segments: &[u64]) -> Result<(), WalError> {
+        self.save_state()?;
+        for &segment in segments {
+            if segment >= self.segment {
+                continue;
+            }
+            let path = segment_path(&self.dir, segment);
+            match fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io(&path)(e)),
+            }
+        }
+        Ok(())
+    }
+
+    fn note_durable(&mut self, agent_id: &str, seq: u64) {
+        let durable = self.state.durable.entry(agent_id.to_owned()).or_default();
+        *durable = (*durable).max(seq);
+    }
+
+    fn save_state(&mut self) -> Result<(), WalError> {
+        self.state.next_segment = self.segment + 1;
+        let path = self.dir.join(STATE_FILE);
+        let tmp = self.dir.join(format!("{STATE_FILE}.tmp"));
+        let mut file = File::create(&tmp).map_err(io(&tmp))?;
+        file.write_all(&self.state.encode_to_vec())
+            .map_err(io(&tmp))?;
+        file.sync_all().map_err(io(&tmp))?;
+        fs::rename(&tmp, &path).map_err(io(&path))?;
+        sync_dir(&self.dir)
+    }
+}
+
+fn segment_path(dir: &Path, segment: u64) -> PathBuf {
+    dir.join(format!("wal-{segment:016}.log"))
+}
+
+fn list_segments(dir: &Path) -> Result<Vec<u64>, WalError> {
+    let mut segments = Vec::new();
+    for entry in fs::read_dir(dir).map_err(io(dir))? {
+        let entry = entry.map_err(io(dir))?;
+        let name = entry.file_name();
+        let Some(number) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("wal-"))
+            .and_then(|n| n.strip_suffix(".log"))
+            .and_then(|n| n.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        segments.push(number);
+    }
+    Ok(segments)
+}
+
+fn create_segment(dir: &Path, segment: u64) -> Result<File, WalError> {
+    let path = segment_path(dir, segment);
+    let file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .map_err(io(&path))?;
+    sync_dir(dir)?;
+    Ok(file)
+}
+
+fn sync_dir(dir: &Path) -> Result<(), WalError> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
+}
+
+/// Reads one segment's records. In the last segment a torn tail (short
+/// header, short payload, bad checksum) is truncated and its length
+/// returned; anywhere else it is corruption.
+fn read_segment(path: &Path, last: bool, out: &mut Vec<WalRecord>) -> Result<u64, WalError> {
+    let mut bytes = Vec::new();
+    File::open(path)
+        .and_then(|mut f| f.read_to_end(&mut bytes))
+        .map_err(io(path))?;
+    let mut offset = 0usize;
+    while offset < bytes.len() {
+        let rest = &bytes[offset..];
+        let at = offset as u64;
+        let torn = |reason: &str| WalError::Corrupt {
+            path: path.to_owned(),
+            offset: at,
+            reason: reason.to_owned(),
+        };
+        let problem = if rest.len() < HEADER_BYTES {
+            Some("short record header")
+        } else {
+            let len = u32::from_le_bytes(rest[..4].try_into().expect("4 bytes")) as usize;
+            let hash = u64::from_le_bytes(rest[4..HEADER_BYTES].try_into().expect("8 bytes"));
+            if len > MAX_RECORD_BYTES {
+                Some("record length out of range")
+            } else if rest.len() < HEADER_BYTES + len {
+                Some("short record")
+            } else {
+                let payload = &rest[HEADER_BYTES..HEADER_BYTES + len];
+                if XxHash64::oneshot(0, payload) != hash {
+                    Some("checksum mismatch")
+                } else {
+                    let record = WalRecord::decode(payload).map_err(|e| torn(&e.to_string()))?;
+                    out.push(record);
+                    offset += HEADER_BYTES + len;
+                    None
+                }
+            }
+        };
+        if let Some(reason) = problem {
+            if !last {
+                return Err(torn(reason));
+            }
+            let torn_bytes = (bytes.len() - offset) as u64;
+            let file = OpenOptions::new()
+                .write(true)
+                .open(path)
+                .map_err(io(path))?;
+            file.set_len(offset as u64).map_err(io(path))?;
+            file.sync_all().map_err(io(path))?;
+            tracing::warn!(
+                path = %path.display(),
+                offset,
+                torn_bytes,
+                reason,
+                "write-ahead log ends in a torn record (a crash mid-write); it was never acknowledged and is dropped"
+            );
+            return Ok(torn_bytes);
+        }
+    }
+    Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gputel_proto::{Batch, NodeSample};
+
+    fn record(agent: &str, seq: u64) -> WalRecord {
+        WalRecord {
+            agent_id: agent.into(),
+            node: "n1".into(),
+            batch: Some(Batch {
+                seq,
+                node: vec![NodeSample {
+                    ts_us: 1_795_240_800_000_000 + seq as i64,
+                    cpu_count: 8,
+                    ..NodeSample::default()
+                }],
+                ..Batch::default()
+            }),
+        }
+    }
+
+    fn seqs(records: &[WalRecord]) -> Vec<(String, u64)> {
+        records
+            .iter()
+            .map(|r| (r.agent_id.clone(), r.batch.as_ref().map_or(0, |b| b.seq)))
+            .collect()
+    }
+
+    #[test]
+    fn records_survive_a_reopen_and_released_segments_are_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut wal, replayed) = Wal::open(dir.path()).unwrap();
+        assert!(replayed.records.is_empty());
+        let id = wal.collector_id().to_owned();
+        wal.append(&record("a", 1)).unwrap();
+        wal.append(&record("b", 7)).unwrap();
+        wal.sync().unwrap();
+        let closed = wal.rotate().unwrap();
+        wal.append(&record("a", 2)).unwrap();
+        wal.sync().unwrap();
+        drop(wal);
+
+        let (mut wal, replayed) = Wal::open(dir.path()).unwrap();
+        assert_eq!(wal.collector_id(), id);
+        assert_eq!(
+            seqs(&replayed.records),
+            [("a".into(), 1), ("b".into(), 7), ("a".into(), 2)]
+        );
+        assert_eq!(wal.durable()["a"], 2);
+        assert_eq!(wal.durable()["b"], 7);
+        // The rows of every replayed segment are stored: release them all.
+        assert!(replayed.segments.contains(&closed));
+        wal.release(&replayed.segments).unwrap();
+        drop(wal);
+
+        let (wal, replayed) = Wal::open(dir.path()).unwrap();
+        assert!(replayed.records.is_empty());
+        // The sequence numbers outlive the released records, and segment
+        // numbers (which name the Parquet files) are never reused.
+        assert_eq!(wal.durable()["a"], 2);
+        assert_eq!(wal.durable()["b"], 7);
+        assert!(
+            wal.segment() > closed + 1,
+            "{} after {closed}",
+            wal.segment()
+        );
+    }
+
+    #[test]
+    fn a_torn_tail_is_truncated_and_the_rest_replayed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut wal, _) = Wal::open(dir.path()).unwrap();
+        wal.append(&record("a", 1)).unwrap();
+        wal.append(&record("a", 2)).unwrap();
+        wal.sync().unwrap();
+        let path = segment_path(dir.path(), wal.segment());
+        drop(wal);
+        // Cut the last record in half, as a crash mid-write would.
+        let len = fs::metadata(&path).unwrap().len();
+        OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(len - 5)
+            .unwrap();
+        let (wal, replayed) = Wal::open(dir.path()).unwrap();
+        assert_eq!(seqs(&replayed.records), [("a".into(), 1)]);
+        assert!(replayed.torn_bytes > 0);
+        assert_eq!(wal.durable()["a"], 1);
+    }
+
+    #[test]
+    fn corruption_before_the_last_segment_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut wal, _) = Wal::open(dir.path()).unwrap();
+        wal.append(&record("a", 1)).unwrap();
+        let first = wal.rotate().unwrap();
+        wal.append(&record("a", 2)).unwrap();
+        wal.sync().unwrap();
+        drop(wal);
+        let path = segment_path(dir.path(), first);
+        let mut bytes = fs::read(&path).unwrap();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0xff;
+        fs::write(&path, bytes).unwrap();
+        let err = Wal::open(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("checksum mismatch"), "{err}");
+    }
+}
