@@ -4,12 +4,18 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use clap::{Args, Parser};
+use chrono::FixedOffset;
+use clap::{Args, Parser, Subcommand};
 use serde::Deserialize;
+
+use crate::import::{Format, parse_utc_offset};
 
 /// The collector's default gRPC port. Not assigned to a well-known service by
 /// IANA, and clear of the Prometheus exporter range (9100-9999).
 pub const DEFAULT_PORT: u16 = 7117;
+
+/// Where Parquet files go when no store is configured.
+pub const DEFAULT_STORE: &str = "./gputel-data";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -20,7 +26,9 @@ pub const DEFAULT_PORT: u16 = 7117;
                   hive-partitioned Parquet (<store>/<table>/date=YYYY-MM-DD/hour=HH/*.parquet) \
                   that DuckDB, Spark and Trino read directly.\n\n\
                   Settings come from --config (TOML; keys are the flags' long names without the \
-                  leading dashes, e.g. flush-interval = \"30s\"); flags override the file."
+                  leading dashes, e.g. flush-interval = \"30s\"); flags override the file.\n\n\
+                  With a command, runs that command instead of the server.",
+    args_conflicts_with_subcommands = true
 )]
 pub struct Cli {
     /// TOML configuration file.
@@ -28,6 +36,74 @@ pub struct Cli {
     pub config: Option<PathBuf>,
     #[command(flatten)]
     pub settings: Settings,
+    /// Without a command, the collector serves agents.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// What `gputel-collector` does other than serving.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    ImportJobs(ImportJobs),
+}
+
+/// `gputel-collector import-jobs`.
+#[derive(Debug, Args)]
+#[command(
+    about = "Imports a scheduler's job trace (sacct output, Acme trace CSV) into the scheduler_job table",
+    long_about = "Imports a scheduler's job trace into the scheduler_job table of the store, next to \
+                  the telemetry, so that GPU rows join to job type, user and final state.\n\n\
+                  --format sacct reads the output of\n  \
+                  sacct --parsable2 --allocations \
+                  --format=JobID,User,Partition,State,Submit,Start,End,NNodes,AllocTRES,NodeList\n\
+                  --format acme reads a CSV with the columns of the Acme trace (job_id, user, \
+                  node_num, gpu_num, cpu_num, type, state, submit_time, start_time, end_time, \
+                  duration, queue, gpu_time).\n\n\
+                  Jobs go to <store>/scheduler_job/month=YYYY-MM/<format>-<hash>.parquet by the UTC \
+                  month of their submit time (month=unknown without one). The hash covers the file's \
+                  bytes, the format and --utc-offset, so importing the same file again replaces its \
+                  own files and adds no rows. Lines that cannot be read are listed on stderr as \
+                  FILE:LINE: reason and skipped; a summary goes to stdout."
+)]
+pub struct ImportJobs {
+    /// The trace's format.
+    #[arg(long, value_enum)]
+    pub format: Format,
+    /// The job trace to import.
+    #[arg(value_name = "FILE")]
+    pub file: PathBuf,
+    /// Where Parquet files go: a directory, or an object store URL (file://, memory://)
+    /// [default: the store in --config, else ./gputel-data].
+    #[arg(long, value_name = "DIR|URL")]
+    pub store: Option<String>,
+    /// The collector's TOML configuration file, to take the store from.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// The cluster's offset from UTC, for times written without a zone (sacct's
+    /// always are; Acme's usually carry one), e.g. +08:00 for China Standard Time.
+    #[arg(
+        long,
+        value_name = "+HH:MM",
+        default_value = "+00:00",
+        allow_hyphen_values = true,
+        value_parser = parse_utc_offset
+    )]
+    pub utc_offset: FixedOffset,
+}
+
+impl ImportJobs {
+    /// The store to import into: `--store`, else the store in `--config`,
+    /// else the server's default.
+    pub fn store(&self) -> Result<String, ConfigError> {
+        if let Some(store) = &self.store {
+            return Ok(store.clone());
+        }
+        let file = match &self.config {
+            Some(path) => read_file(path)?,
+            None => Settings::default(),
+        };
+        Ok(file.store.unwrap_or_else(|| DEFAULT_STORE.to_owned()))
+    }
 }
 
 /// Every setting, optional so that file and flags can be merged.
@@ -41,6 +117,10 @@ pub struct Settings {
     /// [default: ./gputel-data].
     #[arg(long, value_name = "DIR|URL")]
     pub store: Option<String>,
+    /// Directory of the write-ahead log: batches are acknowledged once they are
+    /// durable there, and replayed from it after a crash [default: ./gputel-wal].
+    #[arg(long, value_name = "DIR")]
+    pub wal_dir: Option<PathBuf>,
     /// Longest time rows wait in memory before they are written [default: 60s].
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     #[serde(default, with = "humantime_serde")]
@@ -63,6 +143,7 @@ impl Settings {
         Settings {
             listen: self.listen.or(other.listen),
             store: self.store.or(other.store),
+            wal_dir: self.wal_dir.or(other.wal_dir),
             flush_interval: self.flush_interval.or(other.flush_interval),
             flush_rows: self.flush_rows.or(other.flush_rows),
             max_message_bytes: self.max_message_bytes.or(other.max_message_bytes),
@@ -76,6 +157,7 @@ impl Settings {
 pub struct Config {
     pub listen: SocketAddr,
     pub store: String,
+    pub wal_dir: PathBuf,
     pub flush_interval: Duration,
     pub flush_rows: usize,
     pub max_message_bytes: usize,
@@ -113,7 +195,8 @@ impl Config {
             listen: s
                 .listen
                 .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], DEFAULT_PORT))),
-            store: s.store.unwrap_or_else(|| "./gputel-data".to_owned()),
+            store: s.store.unwrap_or_else(|| DEFAULT_STORE.to_owned()),
+            wal_dir: s.wal_dir.unwrap_or_else(|| PathBuf::from("./gputel-wal")),
             flush_interval: s.flush_interval.unwrap_or(Duration::from_secs(60)),
             flush_rows: s.flush_rows.unwrap_or(1_000_000),
             max_message_bytes: s

@@ -1,31 +1,39 @@
 //! The flush loop: on a timer, when the buffer is full, and at shutdown, takes
-//! the buffered rows, writes one file per table and partition, and only then
-//! acknowledges the batches those rows came from.
+//! the buffered rows, writes one file per table and partition, and then
+//! releases the write-ahead log segments that held them.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use arrow_array::RecordBatch;
-use chrono::DateTime;
 use gputel_schemas::PartitionPath;
 use object_store::ObjectStore;
 use tokio::sync::watch;
 use tracing::{error, info};
 
-use crate::clock::Clock;
 use crate::ingest::Shared;
 use crate::persist::{PersistError, write_file};
+use crate::wal::WalError;
+
+/// Why a flush did not complete; it is retried.
+#[derive(Debug, thiserror::Error)]
+pub enum FlushError {
+    #[error(transparent)]
+    Persist(#[from] PersistError),
+    #[error(transparent)]
+    Wal(#[from] WalError),
+}
 
 /// How often a failed write is retried while data waits.
 const RETRY_INTERVAL: Duration = Duration::from_secs(5);
 
-/// Files to write, and the acknowledgements they release once all are stored.
+/// Files to write, and the log segments they release once all are stored.
 #[derive(Debug)]
 struct FlushUnit {
     files: Vec<(PartitionPath, RecordBatch)>,
-    acks: HashMap<String, u64>,
+    segments: Vec<u64>,
 }
 
 /// What one flush did.
@@ -41,31 +49,22 @@ pub struct FlushReport {
 pub struct Flusher {
     shared: Arc<Shared>,
     store: Arc<dyn ObjectStore>,
-    clock: Clock,
-    /// Distinguishes this process's files from other collectors' in one store.
-    instance: String,
-    next_unit: u64,
     queue: VecDeque<FlushUnit>,
 }
 
 impl Flusher {
-    pub fn new(shared: Arc<Shared>, store: Arc<dyn ObjectStore>, clock: Clock) -> Self {
-        let instance = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
+    pub fn new(shared: Arc<Shared>, store: Arc<dyn ObjectStore>) -> Self {
         Self {
             shared,
             store,
-            clock,
-            instance,
-            next_unit: 1,
             queue: VecDeque::new(),
         }
     }
 
-    /// Takes what is buffered and writes every pending file, oldest first.
-    /// Acknowledgements go out strictly in order: a unit's only after every
-    /// earlier unit is stored, since acks are cumulative.
-    pub async fn flush(&mut self) -> Result<FlushReport, PersistError> {
-        self.take_buffer();
+    /// Takes what is buffered and writes every pending file, oldest first; a
+    /// unit's log segments are released once all its files are stored.
+    pub async fn flush(&mut self) -> Result<FlushReport, FlushError> {
+        self.take_buffer()?;
         let mut report = FlushReport::default();
         while let Some(unit) = self.queue.front_mut() {
             while let Some((path, batch)) = unit.files.last() {
@@ -75,8 +74,9 @@ impl Flusher {
                 report.bytes += bytes;
                 unit.files.pop();
             }
-            if let Some(unit) = self.queue.pop_front() {
-                self.shared.mark_durable(unit.acks);
+            if let Some(unit) = self.queue.front() {
+                self.shared.release(&unit.segments)?;
+                self.queue.pop_front();
             }
         }
         Ok(report)
@@ -87,40 +87,32 @@ impl Flusher {
         self.queue.iter().map(|u| u.files.len()).sum()
     }
 
-    fn take_buffer(&mut self) {
-        let taken = self.shared.take();
-        if taken.acks.is_empty() {
-            return;
-        }
+    fn take_buffer(&mut self) -> Result<(), FlushError> {
+        let taken = self.shared.take()?;
         let mut buffer = taken.buffer;
-        // File names are fixed here, before any write is tried, so a retried
-        // write replaces its own earlier attempt and cannot duplicate rows.
-        let stamp = DateTime::from_timestamp_micros(self.clock.now_us())
-            .unwrap_or_default()
-            .format("%Y%m%dT%H%M%SZ");
-        let stem = format!("{stamp}-{}-{:06}", self.instance, self.next_unit);
-        self.next_unit += 1;
         let batches = match buffer.take() {
             Ok(batches) => batches,
             Err(e) => {
                 // Builders that match their schema cannot fail to assemble; if
-                // they ever do, these batches are not acknowledged.
-                error!(error = %e, "rows could not be assembled into Arrow batches; their batches stay unacknowledged");
-                return;
+                // they ever do, the rows stay in the log for a restart to retry.
+                error!(error = %e, "rows could not be assembled into Arrow batches; their log segments are kept");
+                return Ok(());
             }
         };
+        // File names come from the log segments, not the clock: a flush
+        // repeated after a crash replaces its own earlier files.
         let files = batches
             .into_iter()
             .map(|(table, key, batch)| {
-                // The stem is built from hex digits, digits and dashes.
-                let path = PartitionPath::new(table, key, &stem).expect("valid file stem");
+                let path = PartitionPath::new(table, key, &taken.stem).expect("valid file stem");
                 (path, batch)
             })
             .collect();
         self.queue.push_back(FlushUnit {
             files,
-            acks: taken.acks,
+            segments: taken.segments,
         });
+        Ok(())
     }
 
     /// Flushes every `interval`, whenever the buffer fills, and once more when
@@ -150,7 +142,7 @@ impl Flusher {
         if unwritten > 0 {
             error!(
                 files = unwritten,
-                "exiting with files unwritten; their batches were never acknowledged, so agents resend them"
+                "exiting with files unwritten; their rows stay in the write-ahead log and are written at the next start"
             );
         }
     }
@@ -176,7 +168,7 @@ impl Flusher {
                 true
             }
             Err(e) => {
-                error!(error = %e, pending_files = self.pending_files(), "flush failed; will retry, nothing is acknowledged until it succeeds");
+                error!(error = %e, pending_files = self.pending_files(), "flush failed; will retry (the rows are safe in the write-ahead log)");
                 false
             }
         }

@@ -1,6 +1,6 @@
 //! gRPC ingest: one task per agent stream. Validates each batch, drops
-//! sequences already received, appends the rest to the write buffer, and sends
-//! acknowledgements once the persister reports them durable.
+//! sequences already received, appends the rest to the write-ahead log and
+//! the write buffer, and acknowledges them once the log is synced to disk.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -13,11 +13,12 @@ use gputel_proto::{AgentMessage, CollectorMessage, agent_message, collector_mess
 use tokio::sync::{Notify, mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, Response, Status, Streaming};
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::buffer::WriteBuffer;
 use crate::clock::Clock;
 use crate::validate::{validate_batch, validate_hello};
+use crate::wal::{Replayed, Wal, WalError};
 
 /// How long a new stream may take to send its hello.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -27,12 +28,14 @@ const OUTBOUND_QUEUE: usize = 256;
 
 type Outbound = mpsc::Sender<Result<CollectorMessage, Status>>;
 
-/// State shared by the stream tasks and the persister.
+/// State shared by the stream tasks, the log syncer and the persister.
 #[derive(Debug)]
 pub struct Shared {
     state: Mutex<State>,
     /// Woken when the buffer holds `flush_rows` rows.
     pub flush_now: Notify,
+    /// Woken when records wait for an fsync.
+    sync_wanted: Notify,
     flush_rows: usize,
     draining: AtomicBool,
     clock: Clock,
@@ -48,43 +51,96 @@ pub struct Stats {
     pub rows: AtomicU64,
     pub duplicates: AtomicU64,
     pub rejected: AtomicU64,
+    pub replayed: AtomicU64,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct State {
     buffer: WriteBuffer,
     agents: HashMap<String, AgentState>,
-    /// Highest sequence appended per agent since the persister last took the buffer.
-    appended: HashMap<String, u64>,
+    wal: Wal,
+    /// Appended to the log, not yet synced: the highest sequence per agent.
+    unsynced: HashMap<String, u64>,
+    /// Closed log segments whose rows are in the buffer.
+    segments: Vec<u64>,
 }
 
 #[derive(Debug, Default)]
 struct AgentState {
-    /// Highest sequence appended to the buffer.
+    /// Highest sequence appended to the log and the buffer.
     received: u64,
-    /// Highest sequence written to the store.
+    /// Highest sequence synced to the log, and so acknowledged.
     durable: u64,
     session: Option<(u64, Outbound)>,
 }
 
-/// What the persister takes in one go: the rows, and the acknowledgements it
-/// may send once they are stored.
-#[derive(Debug, Default)]
+/// What the persister takes in one go: the rows, the log segments that hold
+/// them (to release once the rows are stored), and the name their files get.
+#[derive(Debug)]
 pub struct Taken {
     pub buffer: WriteBuffer,
-    pub acks: HashMap<String, u64>,
+    pub segments: Vec<u64>,
+    /// `<collector id>-<first segment>`: the same rows always get the same
+    /// file names, so a flush repeated after a crash replaces its own files.
+    pub stem: String,
 }
 
+/// Why a batch could not be taken in.
+#[derive(Debug, thiserror::Error)]
+#[error("the collector cannot write its log: {0}; retry later")]
+pub struct LogUnavailable(#[from] WalError);
+
 impl Shared {
-    pub fn new(flush_rows: usize, clock: Clock) -> Self {
+    /// The shared state over an opened log, with what it replayed already in
+    /// the buffer.
+    pub fn new(flush_rows: usize, clock: Clock, wal: Wal, replayed: Replayed) -> Self {
+        let agents = wal
+            .durable()
+            .iter()
+            .map(|(id, &seq)| {
+                let agent = AgentState {
+                    received: seq,
+                    durable: seq,
+                    session: None,
+                };
+                (id.clone(), agent)
+            })
+            .collect();
+        let stats = Stats::default();
+        let mut buffer = WriteBuffer::default();
+        let now_us = clock.now_us();
+        for record in &replayed.records {
+            let Some(batch) = &record.batch else {
+                continue;
+            };
+            // Validated when it arrived; the clock window may have moved since.
+            match validate_batch(batch, now_us.max(max_ts(batch))) {
+                Ok(valid) => {
+                    buffer.append(&record.node, valid);
+                    stats.replayed.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    warn!(agent_id = %record.agent_id, seq = batch.seq, error = %e, "logged batch no longer valid; skipped")
+                }
+            }
+        }
+        let mut segments = replayed.segments;
+        segments.sort_unstable();
         Self {
-            state: Mutex::default(),
+            state: Mutex::new(State {
+                buffer,
+                agents,
+                wal,
+                unsynced: HashMap::new(),
+                segments,
+            }),
             flush_now: Notify::new(),
+            sync_wanted: Notify::new(),
             flush_rows,
             draining: AtomicBool::new(false),
             clock,
             next_session: AtomicU64::new(1),
-            stats: Stats::default(),
+            stats,
         }
     }
 
@@ -93,13 +149,27 @@ impl Shared {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Takes the buffered rows and the acknowledgements they carry.
-    pub fn take(&self) -> Taken {
-        let mut state = self.lock();
-        Taken {
+    /// Takes the buffered rows. Closes the current log segment first (which
+    /// syncs it, so what waited for a sync is acknowledged here).
+    pub fn take(&self) -> Result<Taken, WalError> {
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let closed = state.wal.rotate()?;
+        let synced = std::mem::take(&mut state.unsynced);
+        acknowledge(&mut state.agents, synced);
+        state.segments.push(closed);
+        let segments = std::mem::take(&mut state.segments);
+        let first = segments.iter().min().copied().unwrap_or(closed);
+        Ok(Taken {
             buffer: std::mem::take(&mut state.buffer),
-            acks: std::mem::take(&mut state.appended),
-        }
+            stem: format!("{}-{first:016}", state.wal.collector_id()),
+            segments,
+        })
+    }
+
+    /// The rows of these segments are stored: drop them from the log.
+    pub fn release(&self, segments: &[u64]) -> Result<(), WalError> {
+        self.lock().wal.release(segments)
     }
 
     /// Rows buffered now.
@@ -107,19 +177,59 @@ impl Shared {
         self.lock().buffer.rows()
     }
 
-    /// Records that these sequences are stored and tells connected agents.
-    pub fn mark_durable(&self, acks: HashMap<String, u64>) {
-        let mut state = self.lock();
-        for (agent_id, seq) in acks {
-            let Some(agent) = state.agents.get_mut(&agent_id) else {
-                continue;
+    /// Syncs the log whenever records wait for it and acknowledges them:
+    /// one fsync covers every record appended before it (group commit).
+    pub async fn run_syncer(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        loop {
+            tokio::select! {
+                _ = self.sync_wanted.notified() => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+            let prepared = {
+                let mut guard = self.lock();
+                let state = &mut *guard;
+                state
+                    .wal
+                    .prepare_sync()
+                    .map(|handle| (handle, std::mem::take(&mut state.unsynced)))
             };
-            agent.durable = agent.durable.max(seq);
-            if let Some((_, tx)) = &agent.session {
-                let ack = message(collector_message::Kind::Ack(Ack { seq: agent.durable }));
-                if tx.try_send(Ok(ack)).is_err() {
-                    debug!(agent_id, "ack not queued; the next one covers it");
+            let (handle, synced) = match prepared {
+                Ok(prepared) => prepared,
+                Err(e) => {
+                    error!(error = %e, "cannot write the log; nothing is acknowledged until it works");
+                    tokio::time::sleep(SYNC_RETRY).await;
+                    self.sync_wanted.notify_one();
+                    continue;
                 }
+            };
+            let result = match handle {
+                Some(file) => tokio::task::spawn_blocking(move || file.sync_data())
+                    .await
+                    .unwrap_or_else(|e| Err(std::io::Error::other(e))),
+                None => Ok(()),
+            };
+            let failed = {
+                let mut guard = self.lock();
+                let state = &mut *guard;
+                match result {
+                    Ok(()) => {
+                        acknowledge(&mut state.agents, synced);
+                        false
+                    }
+                    Err(e) => {
+                        error!(error = %e, "cannot sync the log; nothing is acknowledged until it works");
+                        for (agent, seq) in synced {
+                            let pending = state.unsynced.entry(agent).or_default();
+                            *pending = (*pending).max(seq);
+                        }
+                        state.wal.mark_dirty();
+                        true
+                    }
+                }
+            };
+            if failed {
+                tokio::time::sleep(SYNC_RETRY).await;
+                self.sync_wanted.notify_one();
             }
         }
     }
@@ -127,6 +237,38 @@ impl Shared {
     /// Stops accepting batches: they are left to the agents to resend.
     pub fn start_draining(&self) {
         self.draining.store(true, Ordering::SeqCst);
+    }
+}
+
+/// How long to wait before retrying a failed log write or sync.
+const SYNC_RETRY: Duration = Duration::from_millis(200);
+
+fn max_ts(batch: &gputel_proto::Batch) -> i64 {
+    batch
+        .gpu
+        .iter()
+        .map(|s| s.ts_us)
+        .chain(batch.node.iter().map(|s| s.ts_us))
+        .chain(batch.ib.iter().map(|s| s.ts_us))
+        .chain(batch.event.iter().map(|s| s.ts_us))
+        .chain(batch.gpu_process.iter().map(|s| s.ts_us))
+        .max()
+        .unwrap_or(0)
+}
+
+/// Marks these sequences durable and tells the connected agents.
+fn acknowledge(agents: &mut HashMap<String, AgentState>, synced: HashMap<String, u64>) {
+    for (agent_id, seq) in synced {
+        let Some(agent) = agents.get_mut(&agent_id) else {
+            continue;
+        };
+        agent.durable = agent.durable.max(seq);
+        if let Some((_, tx)) = &agent.session {
+            let ack = message(collector_message::Kind::Ack(Ack { seq: agent.durable }));
+            if tx.try_send(Ok(ack)).is_err() {
+                debug!(agent_id, "ack not queued; the next one covers it");
+            }
+        }
     }
 }
 
@@ -225,7 +367,12 @@ impl Session {
             match next {
                 Ok(Some(AgentMessage {
                     kind: Some(agent_message::Kind::Batch(batch)),
-                })) => self.on_batch(&hello.node, &hello.agent_id, &batch).await,
+                })) => {
+                    if let Err(status) = self.on_batch(&hello.node, &hello.agent_id, &batch).await {
+                        self.fail(status).await;
+                        break;
+                    }
+                }
                 Ok(Some(_)) => {
                     self.fail(Status::failed_precondition(
                         "only batches may follow the hello",
@@ -250,10 +397,15 @@ impl Session {
         info!(peer = %self.peer, node = %hello.node, agent_id = %hello.agent_id, "agent disconnected");
     }
 
-    async fn on_batch(&self, node: &str, agent_id: &str, batch: &gputel_proto::Batch) {
+    async fn on_batch(
+        &self,
+        node: &str,
+        agent_id: &str,
+        batch: &gputel_proto::Batch,
+    ) -> Result<(), Status> {
         let shared = &self.shared;
         if shared.draining.load(Ordering::SeqCst) {
-            return;
+            return Ok(());
         }
         let valid = match validate_batch(batch, shared.clock.now_us()) {
             Ok(valid) => valid,
@@ -265,24 +417,35 @@ impl Session {
                     reason: e.to_string(),
                 }));
                 let _ = self.tx.send(Ok(reject)).await;
-                return;
+                return Ok(());
             }
         };
-        let rows = batch.gpu.len() + batch.node.len() + batch.ib.len();
+        let rows = crate::validate::row_count(batch);
         let (duplicate_of_durable, full) = {
-            let mut state = shared.lock();
-            let state = &mut *state;
+            let mut guard = shared.lock();
+            let state = &mut *guard;
             let agent = state.agents.entry(agent_id.to_owned()).or_default();
             if batch.seq <= agent.received {
                 let durable = (batch.seq <= agent.durable).then_some(agent.durable);
                 (Some(durable), false)
             } else {
+                if let Err(e) = state.wal.append_batch(agent_id, node, batch) {
+                    drop(guard);
+                    let e = LogUnavailable(e);
+                    error!(node, agent_id, seq = batch.seq, error = %e, "batch not taken in");
+                    // Ending the stream makes the agent resend from its last
+                    // acknowledged batch, once the log works again.
+                    return Err(Status::unavailable(e.to_string()));
+                }
                 agent.received = batch.seq;
                 state.buffer.append(node, valid);
-                state.appended.insert(agent_id.to_owned(), batch.seq);
+                state.unsynced.insert(agent_id.to_owned(), batch.seq);
                 (None, state.buffer.rows() >= shared.flush_rows)
             }
         };
+        if duplicate_of_durable.is_none() {
+            shared.sync_wanted.notify_one();
+        }
         match duplicate_of_durable {
             Some(durable) => {
                 shared.stats.duplicates.fetch_add(1, Ordering::Relaxed);
@@ -300,6 +463,7 @@ impl Session {
                 }
             }
         }
+        Ok(())
     }
 
     /// A message could not be received. A message that could not be decoded

@@ -3,12 +3,14 @@
 //!
 //! Data flow: [`ingest`] (validate, deduplicate) → [`buffer`] (Arrow builders
 //! per table and partition) → [`flush`] (timer, size, shutdown) →
-//! [`persist`] (sort, encode, put) → the store.
+//! [`persist`] (sort, encode, put) → the store. [`import`] writes a
+//! scheduler's job trace to the same store (`gputel-collector import-jobs`).
 
 pub mod buffer;
 pub mod clock;
 pub mod config;
 pub mod flush;
+pub mod import;
 pub mod ingest;
 pub mod persist;
 pub mod store;
@@ -41,6 +43,8 @@ const CLOSE_GRACE: Duration = Duration::from_secs(5);
 pub enum RunError {
     #[error(transparent)]
     Store(#[from] store::StoreError),
+    #[error(transparent)]
+    Wal(#[from] wal::WalError),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: std::net::SocketAddr,
@@ -66,7 +70,15 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         flush_rows: config.flush_rows,
         max_message_bytes: config.max_message_bytes,
     };
-    let serving = serve(listener, store, Clock::System, options)?;
+    let (wal, replayed) = wal::Wal::open(&config.wal_dir)?;
+    if !replayed.records.is_empty() {
+        info!(
+            batches = replayed.records.len(),
+            wal = %config.wal_dir.display(),
+            "replaying the write-ahead log"
+        );
+    }
+    let serving = serve(listener, store, Clock::System, options, wal, replayed).await?;
     let addr = serving.local_addr();
     info!(%addr, store = %config.store, flush_interval = ?config.flush_interval, "listening on {addr}");
     shutdown.await;
@@ -84,21 +96,32 @@ pub struct ServeOptions {
     pub max_message_bytes: usize,
 }
 
-/// Starts the flush loop and the gRPC server on `listener`.
-pub fn serve(
+/// Starts the log syncer, the flush loop and the gRPC server on `listener`.
+/// What the log replayed is written to the store before the server starts.
+pub async fn serve(
     listener: TcpListener,
     store: Arc<dyn ObjectStore>,
     clock: Clock,
     options: ServeOptions,
+    wal: wal::Wal,
+    replayed: wal::Replayed,
 ) -> Result<Serving, RunError> {
     let addr = listener.local_addr().map_err(|source| RunError::Bind {
         addr: SocketAddr::from(([0, 0, 0, 0], 0)),
         source,
     })?;
-    let shared = Arc::new(Shared::new(options.flush_rows, clock.clone()));
+    let replaying = !replayed.records.is_empty();
+    let shared = Arc::new(Shared::new(options.flush_rows, clock, wal, replayed));
     let (stop_flush, stop_flush_rx) = watch::channel(false);
     let (close_streams, close_streams_rx) = watch::channel(false);
-    let flusher = Flusher::new(Arc::clone(&shared), store, clock);
+    let mut flusher = Flusher::new(Arc::clone(&shared), store);
+    if replaying {
+        // Before any agent connects, so the replayed rows get their own files.
+        if let Err(e) = flusher.flush().await {
+            warn!(error = %e, "replayed rows not written yet; the flush loop retries");
+        }
+    }
+    let syncing = tokio::spawn(Arc::clone(&shared).run_syncer(close_streams_rx.clone()));
     let flushing = tokio::spawn(flusher.run(options.flush_interval, stop_flush_rx));
 
     let service = TelemetryServer::new(IngestService::new(Arc::clone(&shared), close_streams_rx))
@@ -119,6 +142,7 @@ pub fn serve(
         close_streams,
         server_stop,
         flushing: Some(flushing),
+        syncing,
         server,
     })
 }
@@ -134,6 +158,7 @@ pub struct Serving {
     close_streams: watch::Sender<bool>,
     server_stop: watch::Sender<bool>,
     flushing: Option<JoinHandle<()>>,
+    syncing: JoinHandle<()>,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
 }
 
@@ -164,6 +189,7 @@ impl Serving {
         self.finish_writing().await;
         let _ = self.close_streams.send(true);
         let _ = self.server_stop.send(true);
+        let _ = self.syncing.await;
         match tokio::time::timeout(CLOSE_GRACE, self.server).await {
             Ok(Ok(result)) => result?,
             Ok(Err(e)) => warn!(error = %e, "server task failed"),

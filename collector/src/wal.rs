@@ -16,11 +16,12 @@
 
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
-use std::io::{BufWriter, Read, Write};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
-use gputel_proto::{WalRecord, WalState};
+use gputel_proto::{Batch, WalRecord, WalState};
 use prost::Message;
+use prost::encoding::{WireType, encode_key, encode_varint};
 use twox_hash::XxHash64;
 
 /// Largest record accepted on replay; anything bigger is corruption.
@@ -69,7 +70,11 @@ pub struct Wal {
     dir: PathBuf,
     state: WalState,
     segment: u64,
-    writer: BufWriter<File>,
+    /// The current segment, appended with one write per record, so a failed
+    /// write can only tear that record.
+    file: File,
+    /// A second handle on it, for syncing without the caller's lock.
+    sync_handle: File,
     dirty: bool,
 }
 
@@ -106,11 +111,13 @@ impl Wal {
             .map_or(1, |s| s + 1)
             .max(state.next_segment)
             .max(1);
+        let (file, sync_handle) = create_segment(dir, next)?;
         let mut wal = Wal {
             dir: dir.to_owned(),
             state,
             segment: next,
-            writer: BufWriter::new(create_segment(dir, next)?),
+            file,
+            sync_handle,
             dirty: false,
         };
         for record in &replayed.records {
@@ -140,35 +147,76 @@ impl Wal {
 
     /// Appends a record; durable only after the next [`Wal::sync`].
     pub fn append(&mut self, record: &WalRecord) -> Result<(), WalError> {
-        let payload = record.encode_to_vec();
+        let seq = record.batch.as_ref().map_or(0, |b| b.seq);
+        self.append_payload(&record.agent_id, seq, &record.encode_to_vec())
+    }
+
+    /// Appends an agent's batch as a record, without copying the batch.
+    pub fn append_batch(
+        &mut self,
+        agent_id: &str,
+        node: &str,
+        batch: &Batch,
+    ) -> Result<(), WalError> {
+        let mut payload =
+            Vec::with_capacity(batch.encoded_len() + agent_id.len() + node.len() + 16);
+        for (tag, bytes) in [(1, agent_id.as_bytes()), (2, node.as_bytes())] {
+            encode_key(tag, WireType::LengthDelimited, &mut payload);
+            encode_varint(bytes.len() as u64, &mut payload);
+            payload.extend_from_slice(bytes);
+        }
+        prost::encoding::message::encode(3, batch, &mut payload);
+        self.append_payload(agent_id, batch.seq, &payload)
+    }
+
+    fn append_payload(&mut self, agent_id: &str, seq: u64, payload: &[u8]) -> Result<(), WalError> {
+        let path = segment_path(&self.dir, self.segment);
         let len = u32::try_from(payload.len()).map_err(|_| WalError::Corrupt {
-            path: segment_path(&self.dir, self.segment),
+            path: path.clone(),
             offset: 0,
             reason: format!("record of {} bytes is too large", payload.len()),
         })?;
-        let path = segment_path(&self.dir, self.segment);
-        let mut header = [0u8; HEADER_BYTES];
-        header[..4].copy_from_slice(&len.to_le_bytes());
-        header[4..].copy_from_slice(&XxHash64::oneshot(0, &payload).to_le_bytes());
-        self.writer.write_all(&header).map_err(io(&path))?;
-        self.writer.write_all(&payload).map_err(io(&path))?;
-        self.dirty = true;
-        if let Some(batch) = &record.batch {
-            self.note_durable(&record.agent_id, batch.seq);
+        let mut framed = Vec::with_capacity(HEADER_BYTES + payload.len());
+        framed.extend_from_slice(&len.to_le_bytes());
+        framed.extend_from_slice(&XxHash64::oneshot(0, payload).to_le_bytes());
+        framed.extend_from_slice(payload);
+        if let Err(e) = self.file.write_all(&framed) {
+            // The record may be torn at the end of this segment; later records
+            // go to a fresh one, so a torn record is only ever a segment's tail.
+            if let Err(rotate) = self.rotate() {
+                tracing::error!(error = %rotate, "cannot start a new log segment either");
+            }
+            return Err(io(&path)(e));
         }
+        self.dirty = true;
+        self.note_durable(agent_id, seq);
         Ok(())
     }
 
     /// Makes every appended record durable.
     pub fn sync(&mut self) -> Result<(), WalError> {
+        if let Some(handle) = self.prepare_sync()? {
+            let path = segment_path(&self.dir, self.segment);
+            handle.sync_data().map_err(io(&path))?;
+        }
+        Ok(())
+    }
+
+    /// A handle to fsync (outside any lock) that makes every record appended
+    /// so far durable; None when nothing was appended since the last one.
+    pub fn prepare_sync(&mut self) -> Result<Option<File>, WalError> {
         if !self.dirty {
-            return Ok(());
+            return Ok(None);
         }
         let path = segment_path(&self.dir, self.segment);
-        self.writer.flush().map_err(io(&path))?;
-        self.writer.get_ref().sync_data().map_err(io(&path))?;
+        let handle = self.sync_handle.try_clone().map_err(io(&path))?;
         self.dirty = false;
-        Ok(())
+        Ok(Some(handle))
+    }
+
+    /// A sync prepared with [`Wal::prepare_sync`] failed: the next must redo it.
+    pub fn mark_dirty(&mut self) {
+        self.dirty = true;
     }
 
     /// Syncs and closes the current segment and starts the next; returns the
@@ -176,8 +224,10 @@ impl Wal {
     pub fn rotate(&mut self) -> Result<u64, WalError> {
         self.sync()?;
         let closed = self.segment;
-        self.segment += 1;
-        self.writer = BufWriter::new(create_segment(&self.dir, self.segment)?);
+        let (file, sync_handle) = create_segment(&self.dir, closed + 1)?;
+        self.segment = closed + 1;
+        self.file = file;
+        self.sync_handle = sync_handle;
         Ok(closed)
     }
 
@@ -239,24 +289,24 @@ fn list_segments(dir: &Path) -> Result<Vec<u64>, WalError> {
     Ok(segments)
 }
 
-fn create_segment(dir: &Path, segment: u64) -> Result<File, WalError> {
+fn create_segment(dir: &Path, segment: u64) -> Result<(File, File), WalError> {
     let path = segment_path(dir, segment);
     let file = OpenOptions::new()
         .create(true)
         .append(true)
         .open(&path)
         .map_err(io(&path))?;
+    let sync_handle = file.try_clone().map_err(io(&path))?;
     sync_dir(dir)?;
-    Ok(file)
+    Ok((file, sync_handle))
 }
 
 fn sync_dir(dir: &Path) -> Result<(), WalError> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
 }
 
-/// Reads one segment's records. In the last segment a torn tail (short
-/// header, short payload, bad checksum) is truncated and its length
-/// returned; anywhere else it is corruption.
+/// Reads one segment's records. A torn tail (short header, short payload,
+/// bad checksum) is truncated and its length returned.
 fn read_segment(path: &Path, last: bool, out: &mut Vec<WalRecord>) -> Result<u64, WalError> {
     let mut bytes = Vec::new();
     File::open(path)
@@ -294,7 +344,9 @@ fn read_segment(path: &Path, last: bool, out: &mut Vec<WalRecord>) -> Result<u64
         };
         if let Some(reason) = problem {
             if !last {
-                return Err(torn(reason));
+                // Appends after a failed write go to a new segment, so a
+                // torn record ends its segment; anything else is damage.
+                tracing::error!(path = %path.display(), offset, reason, "log segment damaged; the records from here to its end are lost");
             }
             let torn_bytes = (bytes.len() - offset) as u64;
             let file = OpenOptions::new()
@@ -408,7 +460,7 @@ mod tests {
     }
 
     #[test]
-    fn corruption_before_the_last_segment_is_an_error() {
+    fn a_damaged_earlier_segment_keeps_what_precedes_the_damage() {
         let dir = tempfile::tempdir().unwrap();
         let (mut wal, _) = Wal::open(dir.path()).unwrap();
         wal.append(&record("a", 1)).unwrap();
@@ -421,7 +473,8 @@ mod tests {
         let last = bytes.len() - 1;
         bytes[last] ^= 0xff;
         fs::write(&path, bytes).unwrap();
-        let err = Wal::open(dir.path()).unwrap_err().to_string();
-        assert!(err.contains("checksum mismatch"), "{err}");
+        let (_, replayed) = Wal::open(dir.path()).unwrap();
+        assert_eq!(seqs(&replayed.records), [("a".into(), 2)]);
+        assert!(replayed.torn_bytes > 0);
     }
 }

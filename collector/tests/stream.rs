@@ -76,7 +76,11 @@ impl Collector {
             flush_rows,
             max_message_bytes,
         };
-        let serving = gputel_collector::serve(listener, store, clock, options).expect("serve");
+        let (wal, replayed) =
+            gputel_collector::wal::Wal::open(&dir.path().join("wal")).expect("open log");
+        let serving = gputel_collector::serve(listener, store, clock, options, wal, replayed)
+            .await
+            .expect("serve");
         let shared = Arc::clone(serving.shared());
         Self {
             serving,
@@ -95,6 +99,24 @@ impl Collector {
 
     fn store(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// Waits for the GPU rows in the store to become `want`: acks come from
+    /// the log, the Parquet files a moment later.
+    async fn expect_stored(&self, want: Vec<(String, String, i32, i64)>) {
+        let store = self.store().to_owned();
+        let mut last = Vec::new();
+        let found = tokio::time::timeout(WAIT, async {
+            loop {
+                last = stored_gpu_rows(&store);
+                if last == want {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+        assert!(found.is_ok(), "stored rows {last:?}, want {want:?}");
     }
 
     /// Step one of shutdown: the last flush and its acks; streams stay open.
@@ -164,10 +186,22 @@ impl Agent {
         Ok(message.map(|m| m.kind.expect("collector messages carry a kind")))
     }
 
+    /// Acks are cumulative and sent as the log syncs, so several may come
+    /// before the one that covers `seq`: each lower, in increasing order.
     async fn expect_ack(&mut self, seq: u64) {
-        match self.next().await {
-            Ok(Some(collector_message::Kind::Ack(ack))) => assert_eq!(ack, Ack { seq }),
-            other => panic!("expected Ack {{ seq: {seq} }}, got {other:?}"),
+        let mut last = 0;
+        loop {
+            match self.next().await {
+                Ok(Some(collector_message::Kind::Ack(ack))) if ack.seq < seq => {
+                    assert!(ack.seq > last, "acks go backwards: {last} then {}", ack.seq);
+                    last = ack.seq;
+                }
+                Ok(Some(collector_message::Kind::Ack(ack))) => {
+                    assert_eq!(ack, Ack { seq });
+                    return;
+                }
+                other => panic!("expected Ack {{ seq: {seq} }}, got {other:?}"),
+            }
         }
     }
 
@@ -364,10 +398,9 @@ async fn welcome_then_one_cumulative_ack_once_the_rows_are_in_parquet() {
     }
     // Acks are cumulative and sent only after the write: exactly one, for 3.
     agent.expect_ack(3).await;
-    assert_eq!(
-        stored_gpu_rows(collector.store()),
-        expected_rows("node-a", &[(1, 1), (2, 1), (3, 1)])
-    );
+    collector
+        .expect_stored(expected_rows("node-a", &[(1, 1), (2, 1), (3, 1)]))
+        .await;
     assert_eq!(parquet_files(collector.store(), "gpu").len(), 1);
     assert_eq!(collector.shared.buffered_rows(), 0);
 
@@ -397,49 +430,49 @@ async fn after_a_reconnect_the_welcome_carries_the_durable_seq_and_resends_are_d
     second.expect_ack(3).await;
     assert_eq!(collector.shared.buffered_rows(), 0);
     assert_eq!(collector.shared.stats.duplicates.load(Ordering::Relaxed), 2);
-    assert_eq!(
-        stored_gpu_rows(collector.store()),
-        expected_rows("node-a", &[(1, 1), (2, 1), (3, 1)])
-    );
+    collector
+        .expect_stored(expected_rows("node-a", &[(1, 1), (2, 1), (3, 1)]))
+        .await;
 
-    // The stream carries on with new batches.
+    // The stream carries on with new batches; the ack comes from the log,
+    // the Parquet file right after.
     second.send_batch(gpu_batch(4, 3)).await;
     second.expect_ack(4).await;
-    assert_eq!(
-        stored_gpu_rows(collector.store()),
-        expected_rows("node-a", &[(1, 1), (2, 1), (3, 1), (4, 3)])
-    );
+    collector
+        .expect_stored(expected_rows("node-a", &[(1, 1), (2, 1), (3, 1), (4, 3)]))
+        .await;
 
     second.close().await;
     collector.shutdown().await;
 }
 
 #[tokio::test]
-async fn batches_received_but_not_yet_durable_are_not_stored_twice_after_a_reconnect() {
+async fn batches_durable_in_the_log_are_not_stored_twice_after_a_reconnect() {
     let collector = Collector::start(4, gputel_proto::DEFAULT_MAX_MESSAGE_BYTES).await;
-    let (first, _) = Agent::connect(collector.channel().await, "node-a", "agent-a").await;
+    let (mut first, _) = Agent::connect(collector.channel().await, "node-a", "agent-a").await;
     for seq in 1..=3 {
         first.send_batch(gpu_batch(seq, 1)).await;
     }
-    let shared = Arc::clone(&collector.shared);
-    wait_until("3 rows buffered", || shared.buffered_rows() == 3).await;
-    // The agent goes away before any ack: the rows are buffered, not durable.
+    // Durable in the log (acknowledged) but buffered, not yet in Parquet.
+    first.expect_ack(3).await;
+    assert_eq!(collector.shared.buffered_rows(), 3);
+    assert!(stored_gpu_rows(collector.store()).is_empty());
     first.close().await;
 
+    // An agent that lost the acks on the way resends everything.
     let (mut second, hello) = Agent::connect(collector.channel().await, "node-a", "agent-a").await;
-    assert_eq!(hello, welcome(0));
-    // It resends everything unacknowledged, then a new batch that fills the buffer.
+    assert_eq!(hello, welcome(3));
     for seq in 1..=3 {
         second.send_batch(gpu_batch(seq, 1)).await;
+        second.expect_ack(3).await;
     }
+    // A new batch fills the buffer, and everything is written once.
     second.send_batch(gpu_batch(4, 1)).await;
-    // The ack for the earlier stream's rows reaches the new stream.
     second.expect_ack(4).await;
     assert_eq!(collector.shared.stats.duplicates.load(Ordering::Relaxed), 3);
-    assert_eq!(
-        stored_gpu_rows(collector.store()),
-        expected_rows("node-a", &[(1, 1), (2, 1), (3, 1), (4, 1)])
-    );
+    collector
+        .expect_stored(expected_rows("node-a", &[(1, 1), (2, 1), (3, 1), (4, 1)]))
+        .await;
 
     second.close().await;
     collector.shutdown().await;
@@ -476,10 +509,9 @@ async fn an_invalid_batch_is_rejected_with_its_reason_and_the_stream_carries_on(
 
     agent.send_batch(gpu_batch(3, 2)).await;
     agent.expect_ack(3).await;
-    assert_eq!(
-        stored_gpu_rows(collector.store()),
-        expected_rows("node-a", &[(3, 2)])
-    );
+    collector
+        .expect_stored(expected_rows("node-a", &[(3, 2)]))
+        .await;
     assert_eq!(
         parquet_files(collector.store(), "node"),
         Vec::<std::path::PathBuf>::new()
@@ -575,7 +607,7 @@ async fn an_oversized_message_ends_its_own_stream_and_no_other() {
     let mut want = expected_rows("node-b", &[(1, 1)]);
     want.extend(expected_rows("node-a", &[(1, 1)]));
     want.sort();
-    assert_eq!(stored_gpu_rows(collector.store()), want);
+    collector.expect_stored(want).await;
 
     bystander.close().await;
     again.close().await;
@@ -621,10 +653,9 @@ async fn shutdown_writes_and_acks_buffered_rows_before_closing_streams() {
     assert_eq!(stored_gpu_rows(collector.store()), Vec::new());
 
     collector.stop_flushing().await;
-    assert_eq!(
-        stored_gpu_rows(collector.store()),
-        expected_rows("node-a", &[(1, 1), (2, 2)])
-    );
+    collector
+        .expect_stored(expected_rows("node-a", &[(1, 1), (2, 2)]))
+        .await;
     let dir = collector.stop_serving().await;
     // The ack was queued before the stream closed, and the close is clean.
     agent.expect_ack(2).await;

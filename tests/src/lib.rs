@@ -179,11 +179,19 @@ impl Drop for Running {
     }
 }
 
-/// A collector on `127.0.0.1:0` writing to `store`; returns it and its address.
+/// The write-ahead log directory the tests give a collector of `store`.
+pub fn wal_dir_of(store: &Path) -> PathBuf {
+    store.with_extension("wal")
+}
+
+/// A collector on `127.0.0.1:0` writing to `store` (its log beside it, see
+/// [`wal_dir_of`]); returns it and its address.
 pub fn start_collector(store: &Path, extra_args: &[&str]) -> (Running, String) {
     let mut cmd = Command::new(collector_bin());
     cmd.args(["--listen", "127.0.0.1:0", "--store"])
         .arg(store)
+        .arg("--wal-dir")
+        .arg(wal_dir_of(store))
         .args(extra_args)
         .env("RUST_LOG", "info");
     let mut collector = Running::spawn(cmd);

@@ -14,6 +14,8 @@ fn collector_on(port: u16, store: &std::path::Path) -> Running {
     let mut cmd = Command::new(collector_bin());
     cmd.args(["--listen", &format!("127.0.0.1:{port}"), "--store"])
         .arg(store)
+        .arg("--wal-dir")
+        .arg(gputel_tests::wal_dir_of(store))
         .args(["--flush-interval", "300ms"]);
     let mut collector = Running::spawn(cmd);
     collector.wait_for_log("listening on ", Duration::from_secs(30));
