@@ -54,6 +54,11 @@ pub fn collector_bin() -> PathBuf {
     built("gputel-collector")
 }
 
+/// The `gputel-loadgen` program (`benches/`).
+pub fn loadgen_bin() -> PathBuf {
+    built("gputel-loadgen")
+}
+
 /// The fake NVML library (`tests/fake-nvml`).
 pub fn fake_nvml() -> PathBuf {
     built("libgputel_fake_nvml.so")
@@ -134,12 +139,17 @@ impl Running {
 
     /// Sends SIGTERM and waits for the process to exit; returns its stdout.
     pub fn terminate(self, timeout: Duration) -> Output {
+        self.signal("TERM", timeout)
+    }
+
+    /// Sends a signal (`"TERM"`, `"KILL"`, …) and waits for the process to exit.
+    pub fn signal(self, signal: &str, timeout: Duration) -> Output {
         let child = self.child.as_ref().expect("running");
         let status = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
+            .args([&format!("-{signal}"), &child.id().to_string()])
             .status()
             .expect("run kill");
-        assert!(status.success(), "kill -TERM failed");
+        assert!(status.success(), "kill -{signal} failed");
         self.wait(timeout)
     }
 

@@ -85,3 +85,56 @@ fn a_late_and_restarting_collector_loses_and_doubles_nothing() {
         json!(TICKS)
     );
 }
+
+#[test]
+fn a_collector_killed_mid_stream_loses_and_doubles_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let port = {
+        let probe = TcpListener::bind("127.0.0.1:0").unwrap();
+        probe.local_addr().unwrap().port()
+    };
+    let mut collector = collector_on(port, &store);
+    let mut cmd = fixture_agent("gpu-node-043");
+    cmd.args(["--collector", &format!("http://127.0.0.1:{port}")])
+        .args(["--interval", "100ms", "--ticks", &TICKS.to_string()])
+        .args(["--drain-timeout", "20s"]);
+    let mut agent = Running::spawn(cmd);
+    agent.wait_for_log("connected", Duration::from_secs(10));
+    collector.wait_for_log("flushed", Duration::from_secs(10));
+    // SIGKILL: no last flush. Acknowledged batches are only in the log.
+    let killed = collector.signal("KILL", Duration::from_secs(10));
+    assert!(!killed.status.success());
+    agent.wait_for_log("stream lost; reconnecting", Duration::from_secs(10));
+    let mut collector = collector_on(port, &store);
+    // The same store and log: the replay is written before agents connect.
+    let agent = agent.wait(Duration::from_secs(60));
+    let summary = String::from_utf8_lossy(&agent.stdout).trim().to_owned();
+    assert!(agent.status.success(), "{summary}");
+    assert!(
+        summary.starts_with(&format!(
+            "ticks={TICKS} batches={TICKS} acknowledged={TICKS} rejected=0 dropped=0 unacknowledged=0"
+        )),
+        "{summary}"
+    );
+    collector.wait_for_log("agent disconnected", Duration::from_secs(10));
+    assert!(
+        collector
+            .terminate(Duration::from_secs(30))
+            .status
+            .success()
+    );
+
+    let scan = table_scan(&store, "gpu");
+    assert_eq!(
+        duckdb_value(tmp.path(), &format!("select count(*) from {scan}")),
+        json!(TICKS * 8)
+    );
+    assert_eq!(
+        duckdb_value(
+            tmp.path(),
+            &format!("select count(*) from (select distinct node, gpu, ts from {scan})")
+        ),
+        json!(TICKS * 8)
+    );
+}
