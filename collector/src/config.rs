@@ -263,4 +263,90 @@ mod tests {
         let err = Config::load(cli).unwrap_err().to_string();
         assert!(err.contains("unknown field `flush_interval`"), "{err}");
     }
+
+    #[test]
+    fn no_command_is_the_server() {
+        let cli = Cli::parse_from(["gputel-collector", "--listen", "127.0.0.1:7000"]);
+        assert!(cli.command.is_none());
+        assert_eq!(
+            Config::load(cli).unwrap().listen,
+            "127.0.0.1:7000".parse().unwrap()
+        );
+    }
+
+    #[test]
+    fn import_jobs_arguments() {
+        let cli = Cli::parse_from([
+            "gputel-collector",
+            "import-jobs",
+            "--format",
+            "acme",
+            "trace.csv",
+            "--utc-offset",
+            "-05:00",
+            "--store",
+            "s3://bucket/gputel",
+        ]);
+        let Some(Command::ImportJobs(args)) = cli.command else {
+            panic!("no import-jobs in {cli:?}");
+        };
+        assert_eq!(args.format, Format::Acme);
+        assert_eq!(args.file, PathBuf::from("trace.csv"));
+        assert_eq!(args.utc_offset, FixedOffset::west_opt(5 * 3600).unwrap());
+        assert_eq!(args.store().unwrap(), "s3://bucket/gputel");
+
+        let cli = Cli::parse_from(["gputel-collector", "import-jobs", "--format", "sacct", "f"]);
+        let Some(Command::ImportJobs(args)) = cli.command else {
+            panic!("no import-jobs in {cli:?}");
+        };
+        assert_eq!(args.utc_offset, FixedOffset::east_opt(0).unwrap());
+        assert_eq!(args.store().unwrap(), DEFAULT_STORE);
+    }
+
+    #[test]
+    fn import_jobs_takes_the_store_from_the_config_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("collector.toml");
+        std::fs::write(&path, "store = \"/srv/gputel\"\nflush-interval = \"30s\"\n").unwrap();
+        let cli = Cli::parse_from([
+            "gputel-collector",
+            "import-jobs",
+            "--format=sacct",
+            "jobs.txt",
+            "--config",
+            path.to_str().unwrap(),
+        ]);
+        let Some(Command::ImportJobs(args)) = cli.command else {
+            panic!("no import-jobs in {cli:?}");
+        };
+        assert_eq!(args.store().unwrap(), "/srv/gputel");
+    }
+
+    #[test]
+    fn server_flags_do_not_mix_with_commands() {
+        for args in [
+            &[
+                "gputel-collector",
+                "--store",
+                "x",
+                "import-jobs",
+                "--format",
+                "sacct",
+                "f",
+            ][..],
+            &["gputel-collector", "import-jobs", "f"],
+            &["gputel-collector", "import-jobs", "--format", "slurm", "f"],
+            &[
+                "gputel-collector",
+                "import-jobs",
+                "--format",
+                "sacct",
+                "f",
+                "--utc-offset",
+                "8",
+            ],
+        ] {
+            assert!(Cli::try_parse_from(args).is_err(), "{args:?}");
+        }
+    }
 }

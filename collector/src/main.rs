@@ -1,11 +1,17 @@
 use anyhow::Context;
 use clap::Parser;
-use gputel_collector::config::{Cli, Config};
+use gputel_collector::clock::Clock;
+use gputel_collector::config::{Cli, Command, Config, ImportJobs};
+use gputel_collector::{import, store};
 use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let config = Config::load(Cli::parse())?;
+    let mut cli = Cli::parse();
+    if let Some(Command::ImportJobs(args)) = cli.command.take() {
+        return import_jobs(args).await;
+    }
+    let config = Config::load(cli)?;
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(&config.log))
         .with_context(|| format!("invalid log filter {:?}", config.log))?;
@@ -15,5 +21,30 @@ async fn main() -> anyhow::Result<()> {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     gputel_collector::run(config, gputel_collector::shutdown_signal()).await?;
+    Ok(())
+}
+
+/// `gputel-collector import-jobs`: each skipped line on stderr as
+/// `FILE:LINE: reason`, one summary line on stdout.
+async fn import_jobs(args: ImportJobs) -> anyhow::Result<()> {
+    let store_spec = args.store()?;
+    let trace = import::read_trace(&args.file, args.format, args.utc_offset)?;
+    let file = args.file.display();
+    for skipped in &trace.skipped {
+        eprintln!("{file}:{}: {}", skipped.line, skipped.reason);
+    }
+    if trace.jobs.is_empty() && !trace.skipped.is_empty() {
+        anyhow::bail!(
+            "no job imported from {file}: all {} of its lines were skipped",
+            trace.records
+        );
+    }
+    let store = store::open(&store_spec)?;
+    import::write_trace(store.as_ref(), &trace, Clock::System.now_us()).await?;
+    println!(
+        "imported {} jobs from {file} ({} lines skipped) into {store_spec}",
+        trace.jobs.len(),
+        trace.skipped.len()
+    );
     Ok(())
 }

@@ -58,9 +58,22 @@ pub enum PersistError {
 
 /// Writer properties for a table: encodings chosen per column type.
 pub fn writer_properties(table: Table) -> WriterProperties {
-    let schema = table.schema();
-    let sorting = table
-        .sort_key()
+    properties(
+        &table.schema(),
+        table.sort_key(),
+        table.bloom_filter_columns(),
+    )
+}
+
+/// Writer properties for any schema: the settings above, an encoding per
+/// column type (strings keep the writer's dictionary encoding), `sort_key`
+/// recorded as the files' sort order, bloom filters on `bloom_filter_columns`.
+pub fn properties(
+    schema: &Schema,
+    sort_key: &[&str],
+    bloom_filter_columns: &[&str],
+) -> WriterProperties {
+    let sorting = sort_key
         .iter()
         .filter_map(|name| schema.index_of(name).ok())
         .map(|idx| SortingColumn {
@@ -90,7 +103,7 @@ pub fn writer_properties(table: Table) -> WriterProperties {
             .set_column_dictionary_enabled(col.clone(), false)
             .set_column_encoding(col, encoding);
     }
-    for name in table.bloom_filter_columns() {
+    for name in bloom_filter_columns {
         let col = ColumnPath::from(*name);
         props = props
             .set_column_bloom_filter_enabled(col.clone(), true)
@@ -121,8 +134,17 @@ pub fn encode(
     schema: Arc<Schema>,
     batch: &RecordBatch,
 ) -> Result<Bytes, ParquetError> {
+    encode_with(schema, writer_properties(table), batch)
+}
+
+/// Encodes one record batch as a complete Parquet file with `props`.
+pub fn encode_with(
+    schema: Arc<Schema>,
+    props: WriterProperties,
+    batch: &RecordBatch,
+) -> Result<Bytes, ParquetError> {
     let mut buf = Vec::with_capacity(batch.get_array_memory_size() / 4 + 4096);
-    let mut writer = ArrowWriter::try_new(&mut buf, schema, Some(writer_properties(table)))?;
+    let mut writer = ArrowWriter::try_new(&mut buf, schema, Some(props))?;
     writer.write(batch)?;
     writer.close()?;
     Ok(Bytes::from(buf))
@@ -146,10 +168,20 @@ pub async fn write_file(
         path: name.clone(),
         source,
     })?;
+    put_file(store, name, bytes).await
+}
+
+/// Stores one encoded file under `path` (relative to the store's root),
+/// replacing any earlier file of that name; returns its size.
+pub async fn put_file(
+    store: &dyn ObjectStore,
+    path: String,
+    bytes: Bytes,
+) -> Result<u64, PersistError> {
     let len = bytes.len() as u64;
     store
-        .put(&Path::from(name.as_str()), PutPayload::from(bytes))
+        .put(&Path::from(path.as_str()), PutPayload::from(bytes))
         .await
-        .map_err(|source| PersistError::Store { path: name, source })?;
+        .map_err(|source| PersistError::Store { path, source })?;
     Ok(len)
 }

@@ -13,6 +13,18 @@ pub enum PartitionError {
     FileStem(String),
     #[error("path {0:?} is not <table>/date=YYYY-MM-DD/hour=HH/<stem>.parquet")]
     Path(String),
+    #[error("path {0:?} is not scheduler_job/month=YYYY-MM/<stem>.parquet (or month=unknown)")]
+    MonthPath(String),
+}
+
+/// A file stem is 1 to 128 characters of `[A-Za-z0-9_-]`, so it can never
+/// leave its partition directory.
+pub(crate) fn valid_stem(stem: &str) -> bool {
+    !stem.is_empty()
+        && stem.len() <= 128
+        && stem
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 /// The hive partition of a row: its UTC date and hour.
@@ -70,12 +82,7 @@ impl PartitionPath {
     /// A file path; the stem is restricted to `[A-Za-z0-9_-]` so it can never
     /// leave its partition directory.
     pub fn new(table: Table, key: PartitionKey, stem: &str) -> Result<Self, PartitionError> {
-        let valid = !stem.is_empty()
-            && stem.len() <= 128
-            && stem
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-        if !valid {
+        if !valid_stem(stem) {
             return Err(PartitionError::FileStem(stem.to_owned()));
         }
         Ok(Self {

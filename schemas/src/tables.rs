@@ -280,23 +280,36 @@ pub fn describe_schema(schema: &Schema) -> String {
 
 /// Where a table's golden schema file lives in the source tree.
 pub fn golden_path(table: Table) -> PathBuf {
+    golden_file(table.name())
+}
+
+/// The golden schema file of the table named `name`.
+fn golden_file(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("golden")
-        .join(format!("{}.schema", table.name()))
+        .join(format!("{name}.schema"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Compares every table's schema with its golden file. To accept an
-    /// intended change, run with `GPUTEL_UPDATE_GOLDEN=1` and review the diff.
+    /// Compares every table's schema, `scheduler_job`'s included, with its
+    /// golden file. To accept an intended change, run with
+    /// `GPUTEL_UPDATE_GOLDEN=1` and review the diff.
     #[test]
     fn schemas_match_golden_files() {
         let update = std::env::var_os("GPUTEL_UPDATE_GOLDEN").is_some();
-        for table in Table::ALL {
-            let path = golden_path(table);
-            let actual = describe_schema(&table.schema());
+        let tables = Table::ALL
+            .into_iter()
+            .map(|t| (t.name(), t.schema()))
+            .chain([(
+                crate::scheduler_job::NAME,
+                crate::scheduler_job::scheduler_job_schema(),
+            )]);
+        for (table, schema) in tables {
+            let path = golden_file(table);
+            let actual = describe_schema(&schema);
             if update {
                 std::fs::write(&path, &actual).expect("write golden file");
                 continue;
