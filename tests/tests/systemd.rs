@@ -26,7 +26,7 @@ fn the_example_agent_config_loads() {
 #[test]
 fn the_example_collector_config_is_valid_and_bad_keys_are_named() {
     let dir = tempfile::tempdir().unwrap();
-    // The example listens on 7117 and writes under /var/lib; override both to
+    // The example listens on 7117 and writes under /var/lib; override those to
     // start it here, and stop it at once: the file itself must parse.
     let text = std::fs::read_to_string(workspace_root().join("systemd/collector.toml")).unwrap();
     let config = dir.path().join("collector.toml");
@@ -35,7 +35,9 @@ fn the_example_collector_config_is_valid_and_bad_keys_are_named() {
     cmd.arg("--config")
         .arg(&config)
         .args(["--listen", "127.0.0.1:0", "--store"])
-        .arg(dir.path().join("store"));
+        .arg(dir.path().join("store"))
+        .arg("--wal-dir")
+        .arg(dir.path().join("wal"));
     let mut collector = gputel_tests::Running::spawn(cmd);
     let line = collector.wait_for_log("listening on ", std::time::Duration::from_secs(30));
     assert!(line.contains("flush_interval=60s"), "{line}");
