@@ -1,0 +1,63 @@
+-- Which jobs ran on a GPU that threw an XID error, overheated or hit its power
+-- limit while they ran?
+--
+--   duckdb -c ".read schemas/sql/views.sql" -c ".read schemas/sql/jobs_with_gpu_events.sql"
+--
+-- Every event row (kinds: xid, gpu_lost, thermal_throttle, power_throttle; see
+-- README.md, `event`) goes to the job that held its GPU at that moment:
+--   1. the event's own job_id: the job on the GPU at the tick that recorded it;
+--   2. else the job of the GPU's last gpu row at or before the event (an ASOF
+--      join on node, GPU and time). This is what attributes a GPU that fell
+--      off the bus: it has no gpu row at the tick that records its XID 79 and
+--      gpu_lost event, so those events carry no job_id, and the last job seen
+--      on it is the job that lost it.
+-- Events on an idle GPU, or on one shared by several jobs, have no job and
+-- are not listed.
+--
+-- One row per job, GPU and kind of event (kind and code):
+--   job_id, job_type, state, user   the job, with the imported trace's type,
+--                                   final state and user (null when no trace
+--                                   lists it; view scheduler_job_latest)
+--   node, gpu                       where
+--   kind, code                      the XID for kind 'xid'; the clock event
+--                                   reasons bitmask for throttling (32 SW
+--                                   thermal, 64 HW thermal, 4 SW power cap,
+--                                   128 HW power brake …)
+--   events                          how many such events
+--   first_ts, last_ts               the first and the last of them
+--
+-- Reading it: a FAILED job with an XID on one of its GPUs most likely died of
+-- the hardware, not the code; repeated throttling on one GPU of a many-GPU
+-- job slows every other GPU of it at each synchronization.
+
+WITH unattributed AS (
+    SELECT * FROM event WHERE job_id IS NULL
+),
+last_row AS (
+    SELECT node, gpu, ts, job_id
+    FROM gpu
+    SEMI JOIN (SELECT DISTINCT node, gpu FROM unattributed) USING (node, gpu)
+),
+attributed AS (
+    SELECT ts, node, gpu, kind, code, job_id FROM event WHERE job_id IS NOT NULL
+    UNION ALL
+    SELECT e.ts, e.node, e.gpu, e.kind, e.code, r.job_id
+    FROM unattributed e
+    ASOF JOIN last_row r ON e.node = r.node AND e.gpu = r.gpu AND e.ts >= r.ts
+    WHERE r.job_id IS NOT NULL
+)
+SELECT job_id,
+       t.job_type,
+       t.state,
+       t."user",
+       node,
+       gpu,
+       kind,
+       code,
+       count(*) AS events,
+       min(ts) AS first_ts,
+       max(ts) AS last_ts
+FROM attributed
+LEFT JOIN scheduler_job_latest t USING (job_id)
+GROUP BY ALL
+ORDER BY job_id, node, gpu, kind, code;

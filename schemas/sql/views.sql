@@ -1,0 +1,147 @@
+-- gputel views: one view per table of a store, and the derived views the
+-- characterization queries share. Read it into a DuckDB session, then query:
+--
+--   duckdb -c "SET VARIABLE store = '/var/lib/gputel/data'" \
+--          -c ".read schemas/sql/views.sql" \
+--          -c "FROM jobs_observed"
+--
+-- `store` is the store's directory (default: gputel-data, the collector's
+-- default). The views take it from getvariable('store') when they are queried;
+-- to switch a session to another store, set it and read views.sql again. For
+-- an object store, set the URL DuckDB reads it by (S3: the httpfs extension
+-- and a secret, then 's3://bucket/prefix'); the tests cover directories only.
+--
+-- Tables (columns: README.md, "Tables"; types: schemas/golden/*.schema), each
+-- with the partition columns of its path appended:
+--   gpu, node, ib, event, gpu_process, job: `date` (DATE) and `hour` (INTEGER);
+--   scheduler_job: `month` (VARCHAR, 'YYYY-MM' or 'unknown').
+-- gpu and node must exist: a store without them is the wrong path, and the
+-- error names the pattern that matched no file. The other tables are often
+-- legitimately absent (no XID yet, no InfiniBand, no job trace imported):
+-- views.sql checks which of them have files when it is read, and a table
+-- without any is an empty view with the table's columns, so every query runs.
+-- Read views.sql again after a table appears for the first time.
+
+SET VARIABLE store = coalesce(getvariable('store'), 'gputel-data');
+
+-- Every file of a table, partition columns from the path.
+CREATE OR REPLACE MACRO gputel_files(tbl) AS getvariable('store') || '/' || tbl || '/**/*.parquet';
+
+CREATE OR REPLACE MACRO gputel_scan(tbl) AS TABLE
+    FROM read_parquet(gputel_files(tbl), hive_partitioning = true,
+                      hive_types = {'date': DATE, 'hour': INTEGER});
+
+-- Whether a table has any file. The views of the tables that may have none
+-- choose, through query(), between their files and a zero-row SELECT with the
+-- table's columns (read_parquet fails on a pattern that matches nothing, and
+-- a table function's arguments cannot hold a subquery, hence the variables).
+CREATE OR REPLACE MACRO gputel_has_files(tbl) AS
+    (SELECT count(*) > 0 FROM glob(gputel_files(tbl)));
+
+SET VARIABLE gputel_has_event = gputel_has_files('event');
+SET VARIABLE gputel_has_gpu_process = gputel_has_files('gpu_process');
+SET VARIABLE gputel_has_ib = gputel_has_files('ib');
+SET VARIABLE gputel_has_job = gputel_has_files('job');
+SET VARIABLE gputel_has_scheduler_job = gputel_has_files('scheduler_job');
+
+CREATE OR REPLACE VIEW gpu AS FROM gputel_scan('gpu');
+
+CREATE OR REPLACE VIEW node AS FROM gputel_scan('node');
+
+CREATE OR REPLACE VIEW event AS FROM query(CASE WHEN getvariable('gputel_has_event')
+    THEN 'FROM gputel_scan(''event'')'
+    ELSE 'SELECT NULL::TIMESTAMPTZ AS ts, NULL::VARCHAR AS node, NULL::INTEGER AS gpu,
+                 NULL::VARCHAR AS uuid, NULL::VARCHAR AS kind, NULL::BIGINT AS code,
+                 NULL::VARCHAR AS detail, NULL::VARCHAR AS job_id,
+                 NULL::DATE AS date, NULL::INTEGER AS hour
+          LIMIT 0'
+    END);
+
+CREATE OR REPLACE VIEW gpu_process AS FROM query(CASE WHEN getvariable('gputel_has_gpu_process')
+    THEN 'FROM gputel_scan(''gpu_process'')'
+    ELSE 'SELECT NULL::TIMESTAMPTZ AS ts, NULL::VARCHAR AS node, NULL::INTEGER AS gpu,
+                 NULL::VARCHAR AS uuid, NULL::INTEGER AS pid, NULL::BIGINT AS used_memory_bytes,
+                 NULL::VARCHAR AS command, NULL::VARCHAR AS job_id, NULL::VARCHAR AS pod_uid,
+                 NULL::DATE AS date, NULL::INTEGER AS hour
+          LIMIT 0'
+    END);
+
+CREATE OR REPLACE VIEW ib AS FROM query(CASE WHEN getvariable('gputel_has_ib')
+    THEN 'FROM gputel_scan(''ib'')'
+    ELSE 'SELECT NULL::TIMESTAMPTZ AS ts, NULL::VARCHAR AS node, NULL::VARCHAR AS device,
+                 NULL::INTEGER AS port, NULL::VARCHAR AS state, NULL::DOUBLE AS rate_gbps,
+                 NULL::BIGINT AS xmit_bytes, NULL::BIGINT AS rcv_bytes,
+                 NULL::BIGINT AS xmit_packets, NULL::BIGINT AS rcv_packets,
+                 NULL::DOUBLE AS xmit_bytes_per_s, NULL::DOUBLE AS rcv_bytes_per_s,
+                 NULL::DOUBLE AS xmit_packets_per_s, NULL::DOUBLE AS rcv_packets_per_s,
+                 NULL::BIGINT AS symbol_error, NULL::BIGINT AS link_downed,
+                 NULL::BIGINT AS link_error_recovery, NULL::BIGINT AS port_rcv_errors,
+                 NULL::BIGINT AS port_xmit_discards, NULL::BIGINT AS port_xmit_wait,
+                 NULL::BIGINT AS hw_out_of_buffer, NULL::BIGINT AS hw_out_of_sequence,
+                 NULL::BIGINT AS hw_packet_seq_err, NULL::BIGINT AS hw_local_ack_timeout_err,
+                 NULL::BIGINT AS hw_rnr_nak_retry_err, NULL::BIGINT AS hw_implied_nak_seq_err,
+                 NULL::DATE AS date, NULL::INTEGER AS hour
+          LIMIT 0'
+    END);
+
+-- What the collector observed of each job on each GPU: one row per
+-- (job, node, GPU) per written file, so a job has many rows.
+CREATE OR REPLACE VIEW job AS FROM query(CASE WHEN getvariable('gputel_has_job')
+    THEN 'FROM gputel_scan(''job'')'
+    ELSE 'SELECT NULL::VARCHAR AS job_id, NULL::VARCHAR AS node, NULL::INTEGER AS gpu,
+                 NULL::TIMESTAMPTZ AS ts, NULL::TIMESTAMPTZ AS last_ts, NULL::BIGINT AS samples,
+                 NULL::DATE AS date, NULL::INTEGER AS hour
+          LIMIT 0'
+    END);
+
+-- The scheduler's job trace (`gputel-collector import-jobs`), one row per
+-- (source, job_id): importing overlapping dumps repeats jobs, and the latest
+-- import of a job is its final word (a job RUNNING in one dump is COMPLETED in
+-- the next). Imports at the same instant are ordered by file name.
+CREATE OR REPLACE VIEW scheduler_job AS
+SELECT * EXCLUDE (filename)
+FROM query(CASE WHEN getvariable('gputel_has_scheduler_job')
+    THEN 'FROM read_parquet(gputel_files(''scheduler_job''), hive_partitioning = true,
+                            hive_types = {''month'': VARCHAR}, filename = true)'
+    ELSE 'SELECT NULL::VARCHAR AS job_id, NULL::VARCHAR AS source, NULL::VARCHAR AS "user",
+                 NULL::VARCHAR AS queue, NULL::VARCHAR AS state, NULL::VARCHAR AS job_type,
+                 NULL::TIMESTAMPTZ AS submit_time, NULL::TIMESTAMPTZ AS start_time,
+                 NULL::TIMESTAMPTZ AS end_time, NULL::BIGINT AS queue_s,
+                 NULL::BIGINT AS duration_s, NULL::INTEGER AS nodes, NULL::INTEGER AS gpus,
+                 NULL::INTEGER AS cpus, NULL::VARCHAR AS node_list, NULL::BIGINT AS gpu_time_s,
+                 NULL::TIMESTAMPTZ AS imported_at, NULL::VARCHAR AS filename,
+                 NULL::VARCHAR AS month
+          LIMIT 0'
+    END)
+QUALIFY row_number() OVER (PARTITION BY source, job_id
+                           ORDER BY imported_at DESC, filename DESC) = 1;
+
+-- One row per job_id, for joining telemetry to the trace: where two sources
+-- (sacct and an Acme CSV) describe the same job id, the later import wins.
+CREATE OR REPLACE VIEW scheduler_job_latest AS
+FROM scheduler_job
+QUALIFY row_number() OVER (PARTITION BY job_id ORDER BY imported_at DESC, source) = 1;
+
+-- Each job as the telemetry saw it, over all files: when it was first and
+-- last sampled, on which nodes, on how many GPUs, in how many GPU samples.
+-- GPUs shared by several jobs carry no job_id and count for none of them.
+CREATE OR REPLACE VIEW jobs_observed AS
+SELECT job_id,
+       min(ts) AS first_seen,
+       max(last_ts) AS last_seen,
+       list(DISTINCT node ORDER BY node) AS nodes,
+       count(DISTINCT (node, gpu)) AS gpus,
+       sum(samples)::BIGINT AS samples
+FROM job
+GROUP BY job_id;
+
+-- Each node's sampling interval in microseconds: the most common gap between
+-- its consecutive node rows (the agent's --interval; ticks skipped by a late
+-- wake-up or an agent restart do not move the most common gap). A node with
+-- a single row has none. Used to turn sample counts into GPU time.
+CREATE OR REPLACE VIEW sample_interval AS
+SELECT node, mode(gap_us) AS interval_us
+FROM (SELECT node, epoch_us(ts) - lag(epoch_us(ts)) OVER (PARTITION BY node ORDER BY ts) AS gap_us
+      FROM node)
+WHERE gap_us > 0
+GROUP BY node;

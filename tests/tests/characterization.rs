@@ -1,0 +1,955 @@
+//! The characterization queries of `schemas/sql/`, each run as users run it
+//! (the DuckDB CLI, `.read schemas/sql/views.sql`, then `.read` the query)
+//! against a store the real pipeline wrote: two agents on the fake NVML with
+//! constant readings, fixture /proc with processes of Slurm jobs and a
+//! Kubernetes pod, job-mapping directories, one InfiniBand port fed a
+//! deterministic traffic pattern, a collector, then a scheduler job trace.
+//! Every result is compared with exact values derived from the scenario.
+
+use std::cell::RefCell;
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use gputel_tests::{
+    Running, SCENARIO_ENV, agent_bin, collector_bin, duckdb_bin, duckdb_value, fake_nvml, fixture,
+    fixture_agent, start_collector, table_scan, workspace_root,
+};
+use serde_json::{Map, Value, json};
+
+const TICKS: u64 = 25;
+const NODE_A: &str = "gpu-node-001";
+const NODE_B: &str = "gpu-node-002";
+
+/// Node A: eight H100s with constant readings. Processes (pids of
+/// tests/fixtures/proc): 4242 is Slurm job 4242 (cgroup v2), 5151 job 5151
+/// (cgroup v1), 7171 job 7171 (SLURM_JOB_ID in its environment), 6161 a
+/// Kubernetes pod. GPU 5 is shared by jobs 4242 and 5151, so it belongs to
+/// neither; GPU 6 is job 8080's through the job-mapping directory, with
+/// nothing running; GPU 7 is unallocated.
+const SCENARIO_A: &str = r#"
+# Traces step once a second: the throttling starts 1 s after the agent's
+# NVML init, well after its first tick.
+step_ms = 1000
+
+[[gpu]]   # 0: job 4242
+gpu_util_pct = 98
+sm_active_pct = 85.5
+fb_used_bytes = 64424509440      # 60 GiB
+power_mw = 650000
+temperature_c = 70
+processes = [{ pid = 4242, used_memory_bytes = 64424509440 }]
+
+[[gpu]]   # 1: job 4242
+gpu_util_pct = 94
+sm_active_pct = 80.5
+fb_used_bytes = 64424509440      # 60 GiB
+power_mw = 600000
+temperature_c = 68
+processes = [{ pid = 4242, used_memory_bytes = 64424509440 }]
+
+[[gpu]]   # 2: job 5151, three XIDs
+gpu_util_pct = 90
+sm_active_pct = 60.0
+fb_used_bytes = 42949672960      # 40 GiB
+power_mw = 500000
+temperature_c = 65
+processes = [{ pid = 5151, used_memory_bytes = 42949672960 }]
+xid_events = [{ at_ms = 300, xid = 31 }, { at_ms = 300, xid = 48 }, { at_ms = 500, xid = 48 }]
+
+[[gpu]]   # 3: job 7171, one thermal throttling episode
+gpu_util_pct = 75
+sm_active_pct = 50.0
+fb_used_bytes = 21474836480      # 20 GiB
+power_mw = 400000
+temperature_c = 80
+clock_event_reasons = [0, 32, 32, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+processes = [{ pid = 7171, used_memory_bytes = 21474836480 }]
+
+[[gpu]]   # 4: a Kubernetes pod, no job id
+gpu_util_pct = 90
+sm_active_pct = 70.0
+fb_used_bytes = 32212254720      # 30 GiB
+power_mw = 550000
+temperature_c = 66
+processes = [{ pid = 6161, used_memory_bytes = 32212254720 }]
+
+[[gpu]]   # 5: shared by jobs 4242 and 5151
+gpu_util_pct = 60
+sm_active_pct = 40.0
+fb_used_bytes = 53687091200      # 50 GiB
+power_mw = 450000
+temperature_c = 62
+processes = [{ pid = 4242, used_memory_bytes = 26843545600 }, { pid = 5151, used_memory_bytes = 26843545600 }]
+
+[[gpu]]   # 6: job 8080 (mapping directory), idle
+gpu_util_pct = 0
+sm_active_pct = 0.0
+fb_used_bytes = 2147483648       # 2 GiB
+power_mw = 90000
+temperature_c = 40
+
+[[gpu]]   # 7: unallocated
+gpu_util_pct = 0
+sm_active_pct = 0.0
+fb_used_bytes = 0
+power_mw = 70000
+temperature_c = 35
+"#;
+
+/// Node B: job 4242's third GPU, with one power-cap episode, and job 9999's
+/// (mapping directory; no scheduler trace lists it).
+const SCENARIO_B: &str = r#"
+step_ms = 1000
+
+[[gpu]]   # 0: job 4242
+gpu_util_pct = 99
+sm_active_pct = 88.5
+fb_used_bytes = 75161927680      # 70 GiB
+power_mw = 680000
+temperature_c = 71
+clock_event_reasons = [0, 4, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+processes = [{ pid = 4242, used_memory_bytes = 75161927680 }]
+
+[[gpu]]   # 1: job 9999
+gpu_util_pct = 50
+sm_active_pct = 30.0
+fb_used_bytes = 10737418240      # 10 GiB
+power_mw = 300000
+temperature_c = 55
+"#;
+
+/// `class/infiniband/mlx5_0/ports/1/counters/port_rcv_data` of the fixture
+/// (4-byte words).
+const MLX5_0_RCV_WORDS: u64 = 1_984_460_973_326_841;
+/// Node B's mlx5_0 receives 1 GB (250 M words) between each of its first
+/// BUSY_TICKS + 1 ticks, then nothing: BUSY_TICKS busy port-ticks.
+const BUSY_TICKS: u64 = 12;
+const WORDS_PER_BUSY_TICK: u64 = 250_000_000;
+
+/// The scheduler's job trace, imported in this order: an Acme-format dump,
+/// then two overlapping sacct dumps. Job 7171 is RUNNING in the Acme dump and
+/// in the first sacct dump, COMPLETED in the last; 9999 is in none.
+const IMPORTS: &[(&str, &str)] = &[
+    (
+        "acme",
+        "job_id,user,node_num,gpu_num,cpu_num,type,state,submit_time,start_time,end_time,duration,queue,gpu_time
+4242,alice,2,3,96,Pretrain,COMPLETED,2026-11-02 08:00:00,2026-11-02 08:05:00,2026-11-02 10:05:00,7200,300,21600.0
+5151,bob,1,1,16,Evaluation,FAILED,2026-11-02 09:00:00,2026-11-02 09:00:10,2026-11-02 09:10:10,600,10,600.0
+7171,alice,1,1,16,SFT,RUNNING,2026-11-02 09:30:00,2026-11-02 09:30:05,,,5,
+8080,carol,1,1,8,Debug,CANCELLED,2026-11-02 10:00:00,2026-11-02 10:00:01,2026-11-02 10:20:01,1200,1,1200.0
+",
+    ),
+    (
+        "sacct",
+        "JobID|User|Partition|State|Submit|Start|End|NNodes|AllocTRES|NodeList
+7171|alice|gpu|RUNNING|2026-11-02T09:30:00|2026-11-02T09:30:05|Unknown|1|billing=2,cpu=16,gres/gpu=1,mem=64G,node=1|gpu-node-001
+",
+    ),
+    (
+        "sacct",
+        "JobID|User|Partition|State|Submit|Start|End|NNodes|AllocTRES|NodeList
+7171|alice|gpu|COMPLETED|2026-11-02T09:30:00|2026-11-02T09:30:05|2026-11-02T11:30:05|1|billing=2,cpu=16,gres/gpu=1,mem=64G,node=1|gpu-node-001
+",
+    ),
+];
+
+/// A store written by the pipeline, and a scratch directory beside it.
+struct Store {
+    _tmp: tempfile::TempDir,
+    dir: PathBuf,
+    store: PathBuf,
+    /// The schemas/sql files queried so far.
+    read: RefCell<BTreeSet<String>>,
+}
+
+impl Store {
+    /// Runs `.read schemas/sql/views.sql` then `.read schemas/sql/<file>`
+    /// (both skipped for `views.sql` itself, where `extra` is the query) with
+    /// `store` set; returns the last statement's rows.
+    fn query(&self, file: &str, extra: &str) -> Vec<Value> {
+        self.read.borrow_mut().insert(file.to_owned());
+        query_store(&self.store, &self.dir, file, extra)
+    }
+}
+
+fn query_store(store: &Path, dir: &Path, file: &str, extra: &str) -> Vec<Value> {
+    let sql_dir = workspace_root().join("schemas/sql");
+    let mut cmd = Command::new(duckdb_bin());
+    cmd.current_dir(dir)
+        .arg("-json")
+        .arg("-c")
+        .arg(format!("SET VARIABLE store = '{}'", store.display()))
+        .arg("-c")
+        .arg(format!(".read {}", sql_dir.join("views.sql").display()));
+    if file != "views.sql" {
+        cmd.arg("-c")
+            .arg(format!(".read {}", sql_dir.join(file).display()));
+    }
+    if !extra.is_empty() {
+        cmd.arg("-c").arg(extra);
+    }
+    let out = cmd.output().expect("run duckdb");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stderr.trim().is_empty(),
+        "duckdb on {file} {extra:?}: {}\n{stderr}",
+        out.status
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    if text.trim().is_empty() {
+        return Vec::new();
+    }
+    serde_json::from_str::<Vec<Value>>(&text)
+        .unwrap_or_else(|e| panic!("duckdb printed {text:?}: {e}"))
+}
+
+/// Numbers compared by value: DuckDB prints 60.0 for a DOUBLE and 60 for an
+/// integer, and `json!` writes what it is given.
+fn normalized(value: Value) -> Value {
+    match value {
+        Value::Number(n) => json!(n.as_f64().expect("a JSON number is an f64")),
+        Value::Array(items) => Value::Array(items.into_iter().map(normalized).collect()),
+        Value::Object(map) => {
+            Value::Object(map.into_iter().map(|(k, v)| (k, normalized(v))).collect())
+        }
+        other => other,
+    }
+}
+
+#[track_caller]
+fn assert_rows(what: &str, got: Vec<Value>, want: Value) {
+    let got = normalized(Value::Array(got));
+    let want = normalized(want);
+    assert_eq!(
+        got,
+        want,
+        "{what}\n got: {}\nwant: {}",
+        serde_json::to_string_pretty(&got).expect("json"),
+        serde_json::to_string_pretty(&want).expect("json")
+    );
+}
+
+/// Copies a directory tree (plain files and directories only).
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("create dir");
+    for entry in std::fs::read_dir(from).expect("list dir") {
+        let entry = entry.expect("dir entry");
+        let target = to.join(entry.file_name());
+        if entry.file_type().expect("file type").is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).expect("copy file");
+        }
+    }
+}
+
+/// Makes `path` read `values[k]` at its k-th opening, however the agent's
+/// ticks are timed: each value is served through a FIFO of its own, and the
+/// next FIFO takes the path as soon as the agent has opened the current one
+/// (before it can read, so before its next tick). After the last value the
+/// path is a plain file holding it. Returns a receiver told once the agent
+/// has opened the path for every value.
+fn serve_counter(path: &Path, values: Vec<u64>) -> mpsc::Receiver<()> {
+    let dir = path.parent().expect("counter has a directory").to_owned();
+    let fifos: Vec<PathBuf> = (0..values.len())
+        .map(|k| dir.join(format!(".fifo-{k}")))
+        .collect();
+    let status = Command::new("mkfifo")
+        .args(&fifos)
+        .status()
+        .expect("run mkfifo");
+    assert!(status.success(), "mkfifo failed");
+    std::fs::rename(&fifos[0], path).expect("install the first FIFO");
+    let path = path.to_owned();
+    let (done, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for (k, value) in values.iter().enumerate() {
+            // Blocks until the agent opens the path, which is FIFO k.
+            let mut fifo = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .expect("open FIFO");
+            if let Some(next) = fifos.get(k + 1) {
+                std::fs::rename(next, &path).expect("install the next FIFO");
+            } else {
+                let last = dir.join(".last");
+                std::fs::write(&last, format!("{value}\n")).expect("write last value");
+                std::fs::rename(&last, &path).expect("install the last value");
+            }
+            // Closing the FIFO is the reader's end of file.
+            writeln!(fifo, "{value}").expect("write FIFO");
+        }
+        let _ = done.send(());
+    });
+    rx
+}
+
+/// Runs the pipeline (two agents, one collector) and imports the trace.
+fn build_store() -> Store {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path().to_owned();
+    let store = dir.join("store");
+
+    let scenario_a = dir.join("a.toml");
+    let scenario_b = dir.join("b.toml");
+    std::fs::write(&scenario_a, SCENARIO_A).expect("write scenario");
+    std::fs::write(&scenario_b, SCENARIO_B).expect("write scenario");
+    let (map_a, map_b) = (dir.join("jobmap-a"), dir.join("jobmap-b"));
+    std::fs::create_dir_all(&map_a).expect("mkdir");
+    std::fs::create_dir_all(&map_b).expect("mkdir");
+    std::fs::write(map_a.join("6"), "8080\n").expect("write job mapping");
+    std::fs::write(map_b.join("1"), "9999\n").expect("write job mapping");
+
+    // Node B's InfiniBand: the fixture ports, mlx5_0 receiving BUSY_TICKS GB.
+    let sys_b = dir.join("sys-b");
+    copy_tree(&fixture("sys"), &sys_b);
+    let fed = serve_counter(
+        &sys_b.join("class/infiniband/mlx5_0/ports/1/counters/port_rcv_data"),
+        (0..TICKS)
+            .map(|k| MLX5_0_RCV_WORDS + WORDS_PER_BUSY_TICK * k.min(BUSY_TICKS))
+            .collect(),
+    );
+
+    let (collector, addr) = start_collector(&store, &["--flush-interval", "1s"]);
+    // fixture_agent's command with a sysfs root of our own (the flag cannot
+    // be given twice).
+    let agent = |node: &str, scenario: &Path, map: &Path, sys: &Path| {
+        let mut cmd = Command::new(agent_bin());
+        cmd.arg("--nvml-lib")
+            .arg(fake_nvml())
+            .arg("--procfs-root")
+            .arg(fixture("proc"))
+            .arg("--sysfs-root")
+            .arg(sys)
+            .args(["--node", node])
+            .args(["--collector", &format!("http://{addr}")])
+            .args(["--interval", "100ms", "--ticks", &TICKS.to_string()])
+            .args(["--process-interval", "1h"])
+            .arg("--hpc-job-mapping-dir")
+            .arg(map)
+            .env(SCENARIO_ENV, scenario);
+        cmd
+    };
+    let a = Running::spawn(agent(NODE_A, &scenario_a, &map_a, &fixture("sys")));
+    let b = Running::spawn(agent(NODE_B, &scenario_b, &map_b, &sys_b));
+    for (node, agent) in [(NODE_A, a), (NODE_B, b)] {
+        let out = agent.wait(Duration::from_secs(60));
+        let summary = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "agent {node}: {summary}");
+        assert!(
+            summary.contains(&format!("ticks={TICKS} ")) && summary.contains(" unacknowledged=0 "),
+            "agent {node}: {summary}"
+        );
+    }
+    fed.recv_timeout(Duration::from_secs(10))
+        .expect("node B's agent read every value of its mlx5_0 counter");
+    assert!(
+        collector
+            .terminate(Duration::from_secs(30))
+            .status
+            .success()
+    );
+
+    import_trace(&dir, &store);
+    Store {
+        _tmp: tmp,
+        dir,
+        store,
+        read: RefCell::default(),
+    }
+}
+
+/// Imports the trace with `gputel-collector import-jobs`, one dump after the
+/// other.
+fn import_trace(dir: &Path, store: &Path) {
+    for (n, (format, text)) in IMPORTS.iter().enumerate() {
+        let file = dir.join(format!("trace-{n}.{format}"));
+        std::fs::write(&file, text).expect("write trace");
+        let out = Command::new(collector_bin())
+            .args(["import-jobs", "--format", format])
+            .arg(&file)
+            .arg("--store")
+            .arg(store)
+            .output()
+            .expect("run gputel-collector import-jobs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && !stderr.contains(&file.display().to_string()),
+            "import-jobs {format} {}: {}\n{}{stderr}",
+            file.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+}
+
+/// What each file of schemas/sql/ must return on the store.
+type Check = fn(&Store);
+const CHECKS: &[(&str, Check)] = &[
+    ("views.sql", check_views),
+    ("per_job_utilization.sql", check_per_job_utilization),
+    ("gpu_cdf.sql", check_gpu_cdf),
+    ("idle_gpu_power.sql", check_idle_gpu_power),
+    ("gpu_time_share.sql", check_gpu_time_share),
+    ("jobs_with_gpu_events.sql", check_jobs_with_gpu_events),
+    ("ib_idle_share.sql", check_ib_idle_share),
+];
+
+#[test]
+fn every_sql_file_has_a_checked_expectation() {
+    let on_disk: BTreeSet<String> = std::fs::read_dir(workspace_root().join("schemas/sql"))
+        .expect("list schemas/sql")
+        .map(|e| {
+            e.expect("dir entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .filter(|name| name.ends_with(".sql"))
+        .collect();
+    let checked: BTreeSet<String> = CHECKS.iter().map(|(f, _)| (*f).to_owned()).collect();
+    assert_eq!(
+        on_disk, checked,
+        "every schemas/sql/*.sql needs an entry in CHECKS, and every entry a file"
+    );
+}
+
+#[test]
+fn every_query_answers_exactly_on_pipeline_data() {
+    let store = build_store();
+    for (file, check) in CHECKS {
+        eprintln!("checking {file}");
+        check(&store);
+        assert!(
+            store.read.borrow().contains(*file),
+            "the check of {file} never ran it"
+        );
+    }
+}
+
+/// The views.sql views that may have no file yet.
+const OPTIONAL_TABLES: [&str; 5] = ["event", "gpu_process", "ib", "job", "scheduler_job"];
+
+/// One query giving every optional table's columns and row count.
+fn optional_tables_sql() -> String {
+    OPTIONAL_TABLES
+        .iter()
+        .map(|t| {
+            format!(
+                "SELECT '{t}' AS view, list(column_name || ' ' || column_type) AS columns, \
+                 (SELECT count(*) FROM {t}) AS n FROM (DESCRIBE {t})"
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" UNION ALL ")
+        + " ORDER BY view"
+}
+
+fn check_views(s: &Store) {
+    // Every table is a view with its rows, partition columns typed.
+    assert_rows(
+        "row counts",
+        s.query(
+            "views.sql",
+            "SELECT (FROM gpu SELECT count(*)) AS gpu, (FROM node SELECT count(*)) AS node, \
+                    (FROM ib SELECT count(*)) AS ib, (FROM event SELECT count(*)) AS event, \
+                    (FROM gpu_process SELECT count(*)) AS gpu_process, \
+                    (FROM job SELECT sum(samples)::BIGINT) AS job_samples, \
+                    (FROM scheduler_job SELECT count(*)) AS scheduler_job, \
+                    (FROM scheduler_job_latest SELECT count(*)) AS scheduler_job_latest, \
+                    (FROM gpu SELECT typeof(any_value(date)) || ' ' || typeof(any_value(hour))) AS gpu_partitions",
+        ),
+        json!([{
+            "gpu": 10 * TICKS, "node": 2 * TICKS, "ib": 8 * TICKS,
+            // XIDs 31, 48, 48; one thermal and one power throttling episode.
+            "event": 5,
+            // Listed once (--process-interval 1h): one row per process and GPU.
+            "gpu_process": 8,
+            // GPUs A0-A3, A6, B0, B1 had one job each at every tick.
+            "job_samples": 7 * TICKS,
+            // Five imports of (source, job); four job ids.
+            "scheduler_job": 5, "scheduler_job_latest": 4,
+            "gpu_partitions": "DATE INTEGER",
+        }]),
+    );
+    // The job table aggregated: GPUs, nodes and samples per job; first and
+    // last seen are the job's first and last GPU rows.
+    let observed = s.query(
+        "views.sql",
+        "SELECT job_id, nodes, gpus, samples, \
+                first_seen = (SELECT min(ts) FROM gpu g WHERE g.job_id = o.job_id) AS first_ok, \
+                last_seen = (SELECT max(ts) FROM gpu g WHERE g.job_id = o.job_id) AS last_ok \
+         FROM jobs_observed o ORDER BY job_id",
+    );
+    let row = |job: &str, nodes: &[&str], gpus: u64| {
+        json!({"job_id": job, "nodes": nodes, "gpus": gpus, "samples": gpus * TICKS,
+               "first_ok": true, "last_ok": true})
+    };
+    assert_rows(
+        "jobs_observed",
+        observed,
+        json!([
+            row("4242", &[NODE_A, NODE_B], 3),
+            row("5151", &[NODE_A], 1),
+            row("7171", &[NODE_A], 1),
+            row("8080", &[NODE_A], 1),
+            row("9999", &[NODE_B], 1),
+        ]),
+    );
+    // Re-imports: one row per (source, job), the latest import's; across
+    // sources (scheduler_job_latest), the later import.
+    assert_rows(
+        "scheduler_job",
+        s.query(
+            "views.sql",
+            "SELECT source, job_id, state, job_type, month, \
+                    (SELECT source FROM scheduler_job_latest l WHERE l.job_id = j.job_id) AS latest \
+             FROM scheduler_job j ORDER BY source, job_id",
+        ),
+        json!([
+            {"source": "acme", "job_id": "4242", "state": "COMPLETED", "job_type": "Pretrain", "month": "2026-11", "latest": "acme"},
+            {"source": "acme", "job_id": "5151", "state": "FAILED", "job_type": "Evaluation", "month": "2026-11", "latest": "acme"},
+            {"source": "acme", "job_id": "7171", "state": "RUNNING", "job_type": "SFT", "month": "2026-11", "latest": "sacct"},
+            {"source": "acme", "job_id": "8080", "state": "CANCELLED", "job_type": "Debug", "month": "2026-11", "latest": "acme"},
+            {"source": "sacct", "job_id": "7171", "state": "COMPLETED", "job_type": null, "month": "2026-11", "latest": "sacct"},
+        ]),
+    );
+    assert_rows(
+        "sample_interval",
+        s.query("views.sql", "FROM sample_interval ORDER BY node"),
+        json!([
+            {"node": NODE_A, "interval_us": 100_000},
+            {"node": NODE_B, "interval_us": 100_000},
+        ]),
+    );
+    // A store whose optional tables have no file yet: each is an empty view
+    // with exactly the columns and types the real files give.
+    let partial = s.dir.join("partial");
+    copy_tree(&s.store.join("gpu"), &partial.join("gpu"));
+    copy_tree(&s.store.join("node"), &partial.join("node"));
+    let full = s.query("views.sql", &optional_tables_sql());
+    let empty = query_store(&partial, &s.dir, "views.sql", &optional_tables_sql());
+    assert_eq!(full.len(), OPTIONAL_TABLES.len());
+    let without_counts = |rows: Vec<Value>, n: u64| -> Vec<Value> {
+        rows.into_iter()
+            .map(|mut r| {
+                assert!(r["columns"].as_array().is_some_and(|c| c.len() > 5), "{r}");
+                if n == 0 {
+                    assert_eq!(r["n"], json!(0), "{r}");
+                } else {
+                    assert_ne!(r["n"], json!(0), "{r}");
+                }
+                r.as_object_mut().expect("a row").remove("n");
+                r
+            })
+            .collect()
+    };
+    assert_rows(
+        "optional tables without files",
+        without_counts(empty, 0),
+        Value::Array(without_counts(full, 1)),
+    );
+}
+
+fn check_per_job_utilization(s: &Store) {
+    let m = |job: &str, gpus: u64, metric: &str, samples: u64, [mean, p50, p95, max]: [f64; 4]| {
+        json!({"job_id": job, "gpus": gpus, "metric": metric, "samples": samples,
+               "mean": mean, "p50": p50, "p95": p95, "max": max})
+    };
+    // GPM activity has no value on a GPU's first tick: one sample fewer.
+    let sm = TICKS - 1;
+    // Job 4242: 25 samples each of GPUs A0, A1, B0. Utilization 98, 94, 99:
+    // mean 97, median 98 (sorted index 37 of 75), p95 99. SM activity 85.5,
+    // 80.5, 88.5 (24 each): mean 84.83, median 85.5. Memory 60, 60, 70 GiB.
+    // Power 650, 600, 680 W.
+    let constant = |v: f64| [v, v, v, v];
+    assert_rows(
+        "per_job_utilization",
+        s.query("per_job_utilization.sql", ""),
+        json!([
+            m(
+                "4242",
+                3,
+                "gpu_util_pct",
+                3 * TICKS,
+                [97.0, 98.0, 99.0, 99.0]
+            ),
+            m(
+                "4242",
+                3,
+                "sm_active_pct",
+                3 * sm,
+                [84.83, 85.5, 88.5, 88.5]
+            ),
+            m(
+                "4242",
+                3,
+                "fb_used_gib",
+                3 * TICKS,
+                [63.33, 60.0, 70.0, 70.0]
+            ),
+            m(
+                "4242",
+                3,
+                "power_w",
+                3 * TICKS,
+                [643.33, 650.0, 680.0, 680.0]
+            ),
+            m("5151", 1, "gpu_util_pct", TICKS, constant(90.0)),
+            m("5151", 1, "sm_active_pct", sm, constant(60.0)),
+            m("5151", 1, "fb_used_gib", TICKS, constant(40.0)),
+            m("5151", 1, "power_w", TICKS, constant(500.0)),
+            m("7171", 1, "gpu_util_pct", TICKS, constant(75.0)),
+            m("7171", 1, "sm_active_pct", sm, constant(50.0)),
+            m("7171", 1, "fb_used_gib", TICKS, constant(20.0)),
+            m("7171", 1, "power_w", TICKS, constant(400.0)),
+            m("8080", 1, "gpu_util_pct", TICKS, constant(0.0)),
+            m("8080", 1, "sm_active_pct", sm, constant(0.0)),
+            m("8080", 1, "fb_used_gib", TICKS, constant(2.0)),
+            m("8080", 1, "power_w", TICKS, constant(90.0)),
+            m("9999", 1, "gpu_util_pct", TICKS, constant(50.0)),
+            m("9999", 1, "sm_active_pct", sm, constant(30.0)),
+            m("9999", 1, "fb_used_gib", TICKS, constant(10.0)),
+            m("9999", 1, "power_w", TICKS, constant(300.0)),
+        ]),
+    );
+}
+
+fn check_gpu_cdf(s: &Store) {
+    // Ten GPUs, each with the same number of samples, so each is a tenth of
+    // the points and the value at p is the GPU whose tenth holds the
+    // ceil(p/10)-th point: sorted by power, 70 (A7), 90 (A6), 300 (B1),
+    // 400 (A3), 450 (A5), 500 (A2), 550 (A4), 600 (A1), 650 (A0), 680 (B0).
+    let power = [
+        70.0, 90.0, 300.0, 400.0, 450.0, 500.0, 550.0, 600.0, 650.0, 680.0,
+    ];
+    let sm = [0.0, 0.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.5, 85.5, 88.5];
+    let fb = [0.0, 2.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 60.0, 70.0];
+    let temp = [35, 40, 55, 62, 65, 66, 68, 70, 71, 80];
+    let want: Vec<Value> = (0..=100u64)
+        .step_by(5)
+        .map(|pct| {
+            // The smallest value with at least pct % of the points at or below it.
+            let tenth = (pct.div_ceil(10)).max(1) as usize - 1;
+            json!({"pct": pct, "sm_active_pct": sm[tenth], "fb_used_gib": fb[tenth],
+                   "power_w": power[tenth], "temperature_c": temp[tenth]})
+        })
+        .collect();
+    assert_rows("gpu_cdf", s.query("gpu_cdf.sql", ""), Value::Array(want));
+}
+
+fn check_idle_gpu_power(s: &Store) {
+    // Per tick, node A draws 650 + 600 + 500 + 400 + 550 + 450 + 90 + 70 =
+    // 3310 W: 70 W unallocated (A7), 90 W allocated but idle (A6), 3150 W
+    // active. Node B: 680 + 300 = 980 W, all active.
+    let row = |node: &str,
+               state: &str,
+               samples: u64,
+               share: f64,
+               [mean, p50, max]: [f64; 3],
+               energy: f64| {
+        json!({"node": node, "state": state, "samples": samples, "sample_share": share,
+               "power_w_mean": mean, "power_w_p50": p50, "power_w_max": max, "energy_share": energy})
+    };
+    assert_rows(
+        "idle_gpu_power",
+        s.query("idle_gpu_power.sql", ""),
+        json!([
+            row(
+                NODE_A,
+                "unallocated",
+                TICKS,
+                0.125,
+                [70.0, 70.0, 70.0],
+                0.0211
+            ),
+            row(
+                NODE_A,
+                "allocated, idle",
+                TICKS,
+                0.125,
+                [90.0, 90.0, 90.0],
+                0.0272
+            ),
+            // 650, 600, 500, 400, 550, 450: mean 525, median 525.
+            row(
+                NODE_A,
+                "allocated, active",
+                6 * TICKS,
+                0.75,
+                [525.0, 525.0, 650.0],
+                0.9517
+            ),
+            row(
+                NODE_B,
+                "allocated, active",
+                2 * TICKS,
+                1.0,
+                [490.0, 490.0, 680.0],
+                1.0
+            ),
+            // 4290 W in all: 70 / 4290, 90 / 4290, 4130 / 4290.
+            row(
+                "(all)",
+                "unallocated",
+                TICKS,
+                0.1,
+                [70.0, 70.0, 70.0],
+                0.0163
+            ),
+            row(
+                "(all)",
+                "allocated, idle",
+                TICKS,
+                0.1,
+                [90.0, 90.0, 90.0],
+                0.021
+            ),
+            // 8 active GPUs: mean 4130 / 8 = 516.25, median (500 + 550) / 2.
+            row(
+                "(all)",
+                "allocated, active",
+                8 * TICKS,
+                0.8,
+                [516.25, 525.0, 680.0],
+                0.9627
+            ),
+        ]),
+    );
+}
+
+fn check_gpu_time_share(s: &Store) {
+    // GPU time: 25 samples × 0.1 s = 2.5 s per GPU; 4242 has 3 GPUs, the
+    // other four jobs 1 each: 17.5 s in all.
+    let row = |dimension: &str, value: &str, jobs: u64, gpu_time_s: f64, share: f64| {
+        json!({"dimension": dimension, "value": value, "jobs": jobs,
+               "gpu_time_s": gpu_time_s, "share": share})
+    };
+    assert_rows(
+        "gpu_time_share",
+        s.query("gpu_time_share.sql", ""),
+        json!([
+            row("job_type", "Pretrain", 1, 7.5, 0.4286),
+            // 7171: the latest import is sacct's, which has no type.
+            row("job_type", "(not in trace)", 1, 2.5, 0.1429),
+            row("job_type", "(untyped)", 1, 2.5, 0.1429),
+            row("job_type", "Debug", 1, 2.5, 0.1429),
+            row("job_type", "Evaluation", 1, 2.5, 0.1429),
+            row("state", "COMPLETED", 2, 10.0, 0.5714),
+            row("state", "(not in trace)", 1, 2.5, 0.1429),
+            row("state", "CANCELLED", 1, 2.5, 0.1429),
+            row("state", "FAILED", 1, 2.5, 0.1429),
+        ]),
+    );
+}
+
+fn check_jobs_with_gpu_events(s: &Store) {
+    let rows = s.query("jobs_with_gpu_events.sql", "");
+    // first_ts and last_ts are wall-clock times: compare them with the event
+    // table itself, then drop them.
+    let times = s.query(
+        "views.sql",
+        "SELECT node, gpu, kind, code, min(ts)::VARCHAR AS first_ts, max(ts)::VARCHAR AS last_ts \
+         FROM event GROUP BY ALL ORDER BY node, gpu, kind, code",
+    );
+    let mut rest = Vec::new();
+    for row in rows {
+        let mut row: Map<String, Value> = match row {
+            Value::Object(map) => map,
+            other => panic!("not a row: {other}"),
+        };
+        let key = |r: &Map<String, Value>| {
+            (
+                r["node"].clone(),
+                r["gpu"].clone(),
+                r["kind"].clone(),
+                r["code"].clone(),
+            )
+        };
+        let t = times
+            .iter()
+            .filter_map(Value::as_object)
+            .find(|t| key(t) == key(&row))
+            .unwrap_or_else(|| panic!("no events for {row:?}"));
+        assert_eq!(
+            normalized_ts(&row["first_ts"]),
+            normalized_ts(&t["first_ts"]),
+            "{row:?}"
+        );
+        assert_eq!(
+            normalized_ts(&row["last_ts"]),
+            normalized_ts(&t["last_ts"]),
+            "{row:?}"
+        );
+        row.remove("first_ts");
+        row.remove("last_ts");
+        rest.push(Value::Object(row));
+    }
+    let row = |job: &str,
+               job_type: Option<&str>,
+               state: &str,
+               user: &str,
+               node: &str,
+               gpu: u64,
+               kind: &str,
+               code: u64,
+               events: u64| {
+        json!({"job_id": job, "job_type": job_type, "state": state, "user": user, "node": node,
+               "gpu": gpu, "kind": kind, "code": code, "events": events})
+    };
+    assert_rows(
+        "jobs_with_gpu_events",
+        rest,
+        json!([
+            // Power cap (4) on node B's GPU 0 while job 4242 held it.
+            row(
+                "4242",
+                Some("Pretrain"),
+                "COMPLETED",
+                "alice",
+                NODE_B,
+                0,
+                "power_throttle",
+                4,
+                1
+            ),
+            // Three XIDs on job 5151's GPU, XID 48 twice.
+            row(
+                "5151",
+                Some("Evaluation"),
+                "FAILED",
+                "bob",
+                NODE_A,
+                2,
+                "xid",
+                31,
+                1
+            ),
+            row(
+                "5151",
+                Some("Evaluation"),
+                "FAILED",
+                "bob",
+                NODE_A,
+                2,
+                "xid",
+                48,
+                2
+            ),
+            // SW thermal slowdown (32) on job 7171's GPU.
+            row(
+                "7171",
+                None,
+                "COMPLETED",
+                "alice",
+                NODE_A,
+                3,
+                "thermal_throttle",
+                32,
+                1
+            ),
+        ]),
+    );
+}
+
+/// A timestamp as DuckDB's JSON prints it, and as ::VARCHAR does.
+fn normalized_ts(v: &Value) -> String {
+    v.as_str()
+        .unwrap_or_else(|| panic!("{v} is not a timestamp"))
+        .to_owned()
+}
+
+fn check_ib_idle_share(s: &Store) {
+    // Node A's fixture counters never move: every port-tick idle. Node B's
+    // mlx5_0 is busy for BUSY_TICKS ticks. Each port has TICKS - 1 ticks with
+    // rates (none on its first).
+    let ticks = 4 * (TICKS - 1);
+    assert_rows(
+        "ib_idle_share",
+        s.query("ib_idle_share.sql", ""),
+        json!([
+            {"node": NODE_A, "ports": 4, "port_ticks": ticks, "idle_port_ticks": ticks, "idle_share": 1.0},
+            {"node": NODE_B, "ports": 4, "port_ticks": ticks, "idle_port_ticks": ticks - BUSY_TICKS,
+             "idle_share": 0.875},
+            {"node": "(all)", "ports": 8, "port_ticks": 2 * ticks,
+             "idle_port_ticks": 2 * ticks - BUSY_TICKS, "idle_share": 0.9375},
+        ]),
+    );
+}
+
+/// A GPU that falls off the bus records its XID 79 and its gpu_lost event
+/// after its last gpu row, so neither carries a job_id; the query still gives
+/// them to the job that held the GPU.
+#[test]
+fn a_gpu_lost_under_a_job_is_attributed_to_that_job() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let store = tmp.path().join("store");
+    let scenario = tmp.path().join("lost.toml");
+    std::fs::write(
+        &scenario,
+        r#"
+[[gpu]]
+gpu_util_pct = 97
+processes = [{ pid = 4242, used_memory_bytes = 1073741824 }]
+xid_events = [{ at_ms = 2000, xid = 79 }]
+lost_at_ms = 2000
+
+[[gpu]]
+gpu_util_pct = 0
+"#,
+    )
+    .expect("write scenario");
+    let (collector, addr) = start_collector(&store, &["--flush-interval", "1s"]);
+    let mut agent = fixture_agent(NODE_A);
+    agent
+        .args(["--collector", &format!("http://{addr}")])
+        .args(["--interval", "100ms", "--ticks", "30"])
+        .args(["--process-interval", "1h"])
+        .env(SCENARIO_ENV, &scenario);
+    let out = Running::spawn(agent).wait(Duration::from_secs(60));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(
+        collector
+            .terminate(Duration::from_secs(30))
+            .status
+            .success()
+    );
+    // The events themselves carry no job.
+    assert_eq!(
+        duckdb_value(
+            tmp.path(),
+            &format!(
+                "SELECT list(kind || ':' || coalesce(job_id, 'none') ORDER BY kind) FROM {}",
+                table_scan(&store, "event")
+            )
+        ),
+        json!(["gpu_lost:none", "xid:none"])
+    );
+    let rows = query_store(&store, tmp.path(), "jobs_with_gpu_events.sql", "");
+    let rows: Vec<Value> = rows
+        .into_iter()
+        .map(|r| {
+            let mut r = r.as_object().cloned().expect("a row");
+            r.remove("first_ts");
+            r.remove("last_ts");
+            Value::Object(r)
+        })
+        .collect();
+    let row = |kind: &str, code: u64| {
+        json!({"job_id": "4242", "job_type": null, "state": null, "user": null, "node": NODE_A,
+               "gpu": 0, "kind": kind, "code": code, "events": 1})
+    };
+    assert_rows(
+        "jobs_with_gpu_events after a lost GPU",
+        rows,
+        json!([row("gpu_lost", 0), row("xid", 79)]),
+    );
+}
