@@ -13,3 +13,4 @@ pub mod metrics;
 pub mod sampler;
 pub mod sampling;
 pub mod snapshot;
+pub mod spool;

@@ -1,0 +1,384 @@
+//! The agent's on-disk spool: every batch is written here before it is sent,
+//! and deleted once the collector has acknowledged it, so batches outlive a
+//! collector outage of hours and an agent restart.
+//!
+//! Layout of `--spool-dir`:
+//! - `agent.id`: the agent's id, fixed at first start, so sequence numbers
+//!   continue across restarts and the collector can drop what it already has.
+//! - `spool-<first seq>.log`: consecutive batches, each framed as
+//!   `[len: u32 LE][xxh64 of payload: u64 LE][payload]` (a protobuf `Batch`).
+//!
+//! Memory stays bounded: the spool keeps only segment metadata; the sender
+//! reads batches back from disk as it resends them. Past `max_bytes` the
+//! oldest segment is deleted and its batches counted as dropped.
+//! Writes are not fsynced one by one: a spooled batch survives the agent's
+//! restart or crash (the kernel holds the page), not a power cut before the
+//! next segment switch.
+
+use std::collections::VecDeque;
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use gputel_proto::Batch;
+use prost::Message;
+use twox_hash::XxHash64;
+
+const HEADER_BYTES: usize = 12;
+const AGENT_ID_FILE: &str = "agent.id";
+
+/// Why the spool could not be used.
+#[derive(Debug, thiserror::Error)]
+#[error("spool {path}: {source}")]
+pub struct SpoolError {
+    path: PathBuf,
+    #[source]
+    source: std::io::Error,
+}
+
+fn err(path: &Path) -> impl FnOnce(std::io::Error) -> SpoolError + '_ {
+    move |source| SpoolError {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// One segment file: the sequence numbers it holds.
+#[derive(Debug, Clone)]
+struct Segment {
+    /// The sequence its file is named after: its first batch's.
+    first_seq: u64,
+    /// The last batch written to it; `first_seq - 1` while empty.
+    last_seq: u64,
+    batches: u64,
+    bytes: u64,
+}
+
+/// An open spool.
+#[derive(Debug)]
+pub struct Spool {
+    dir: PathBuf,
+    agent_id: String,
+    segments: VecDeque<Segment>,
+    file: File,
+    segment_bytes: u64,
+    max_bytes: u64,
+    /// Batches deleted unsent because the spool was full.
+    pub dropped: u64,
+}
+
+impl Spool {
+    /// Opens (or creates) the spool in `dir`, keeping at most `max_bytes`.
+    pub fn open(dir: &Path, max_bytes: u64) -> Result<Spool, SpoolError> {
+        fs::create_dir_all(dir).map_err(err(dir))?;
+        let id_path = dir.join(AGENT_ID_FILE);
+        let agent_id = match fs::read_to_string(&id_path) {
+            Ok(id) if !id.trim().is_empty() => id.trim().to_owned(),
+            _ => {
+                let id = uuid::Uuid::new_v4().to_string();
+                fs::write(&id_path, format!("{id}\n")).map_err(err(&id_path))?;
+                id
+            }
+        };
+        let mut segments = Vec::new();
+        for entry in fs::read_dir(dir).map_err(err(dir))? {
+            let entry = entry.map_err(err(dir))?;
+            let Some(first_seq) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.strip_prefix("spool-"))
+                .and_then(|n| n.strip_suffix(".log"))
+                .and_then(|n| n.parse::<u64>().ok())
+            else {
+                continue;
+            };
+            let path = entry.path();
+            let batches = read_segment(&path)?;
+            let bytes = fs::metadata(&path).map_err(err(&path))?.len();
+            segments.push(Segment {
+                first_seq,
+                last_seq: batches
+                    .last()
+                    .map_or(first_seq.saturating_sub(1), |b| b.seq),
+                batches: batches.len() as u64,
+                bytes,
+            });
+        }
+        segments.sort_by_key(|s| s.first_seq);
+        let mut segments: VecDeque<Segment> = segments.into();
+        // Always write to a fresh segment: the last one may end in a torn batch.
+        let next = segments.back().map_or(1, |s| s.last_seq + 1);
+        let file = create_segment(dir, next)?;
+        segments.push_back(Segment {
+            first_seq: next,
+            last_seq: next - 1,
+            batches: 0,
+            bytes: 0,
+        });
+        Ok(Spool {
+            dir: dir.to_owned(),
+            agent_id,
+            segments,
+            file,
+            segment_bytes: (max_bytes / 16).clamp(64 * 1024, 16 * 1024 * 1024),
+            max_bytes,
+            dropped: 0,
+        })
+    }
+
+    /// The agent id kept in the spool.
+    pub fn agent_id(&self) -> &str {
+        &self.agent_id
+    }
+
+    /// The sequence number the next batch gets.
+    pub fn next_seq(&self) -> u64 {
+        self.segments.back().map_or(1, |s| s.last_seq + 1)
+    }
+
+    /// Batches spooled and not yet acknowledged.
+    pub fn len(&self) -> u64 {
+        self.segments.iter().map(|s| s.batches).sum()
+    }
+
+    /// Whether nothing waits for an acknowledgement.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The lowest sequence still spooled.
+    pub fn first_seq(&self) -> Option<u64> {
+        self.segments
+            .iter()
+            .find(|s| s.batches > 0)
+            .map(|s| s.first_seq)
+    }
+
+    /// Writes a batch (its seq must be [`Spool::next_seq`]). Returns how many
+    /// older batches were dropped to stay under the size cap.
+    pub fn append(&mut self, batch: &Batch) -> Result<u64, SpoolError> {
+        let payload = batch.encode_to_vec();
+        let mut framed = Vec::with_capacity(HEADER_BYTES + payload.len());
+        framed.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        framed.extend_from_slice(&XxHash64::oneshot(0, &payload).to_le_bytes());
+        framed.extend_from_slice(&payload);
+        let current = self.segments.back().map_or(1, |s| s.first_seq);
+        let path = segment_path(&self.dir, current);
+        self.file.write_all(&framed).map_err(err(&path))?;
+        if let Some(segment) = self.segments.back_mut() {
+            segment.last_seq = batch.seq;
+            segment.batches += 1;
+            segment.bytes += framed.len() as u64;
+            if segment.bytes >= self.segment_bytes {
+                self.rotate()?;
+            }
+        }
+        Ok(self.enforce_cap())
+    }
+
+    fn rotate(&mut self) -> Result<(), SpoolError> {
+        let next = self.next_seq();
+        let path = segment_path(&self.dir, next);
+        self.file.sync_data().map_err(err(&path))?;
+        self.file = create_segment(&self.dir, next)?;
+        self.segments.push_back(Segment {
+            first_seq: next,
+            last_seq: next - 1,
+            batches: 0,
+            bytes: 0,
+        });
+        Ok(())
+    }
+
+    /// Deletes the oldest closed segments while over the cap.
+    fn enforce_cap(&mut self) -> u64 {
+        let mut dropped = 0;
+        while self.segments.len() > 1
+            && self.segments.iter().map(|s| s.bytes).sum::<u64>() > self.max_bytes
+        {
+            if let Some(old) = self.segments.pop_front() {
+                let _ = fs::remove_file(segment_path(&self.dir, old.first_seq));
+                dropped += old.batches;
+            }
+        }
+        self.dropped += dropped;
+        dropped
+    }
+
+    /// Everything up to `seq` is acknowledged: deletes the segments it covers.
+    pub fn acknowledge(&mut self, seq: u64) -> Result<(), SpoolError> {
+        while self.segments.len() > 1 && self.segments.front().is_some_and(|s| s.last_seq <= seq) {
+            if let Some(old) = self.segments.pop_front() {
+                let path = segment_path(&self.dir, old.first_seq);
+                match fs::remove_file(&path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(err(&path)(e)),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The spooled batches with sequence `from` or later, in order, read
+    /// from disk one segment at a time; at most `limit` of them.
+    pub fn read_from(&self, from: u64, limit: usize) -> Result<Vec<Batch>, SpoolError> {
+        let mut out = Vec::new();
+        for segment in &self.segments {
+            if segment.batches == 0 || segment.last_seq < from {
+                continue;
+            }
+            let path = segment_path(&self.dir, segment.first_seq);
+            for batch in read_segment(&path)? {
+                if batch.seq >= from {
+                    out.push(batch);
+                    if out.len() >= limit {
+                        return Ok(out);
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn segment_path(dir: &Path, first_seq: u64) -> PathBuf {
+    dir.join(format!("spool-{first_seq:020}.log"))
+}
+
+fn create_segment(dir: &Path, first_seq: u64) -> Result<File, SpoolError> {
+    let path = segment_path(dir, first_seq);
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .map_err(err(&path))
+}
+
+/// A segment's batches; a torn or damaged tail (a crash mid-write) ends it.
+fn read_segment(path: &Path) -> Result<Vec<Batch>, SpoolError> {
+    let mut bytes = Vec::new();
+    File::open(path)
+        .and_then(|mut f| f.read_to_end(&mut bytes))
+        .map_err(err(path))?;
+    let mut out = Vec::new();
+    let mut rest = bytes.as_slice();
+    while rest.len() >= HEADER_BYTES {
+        let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        let mut hash = [0u8; 8];
+        hash.copy_from_slice(&rest[4..HEADER_BYTES]);
+        let Some(payload) = rest.get(HEADER_BYTES..HEADER_BYTES + len) else {
+            break;
+        };
+        if XxHash64::oneshot(0, payload) != u64::from_le_bytes(hash) {
+            break;
+        }
+        let Ok(batch) = Batch::decode(payload) else {
+            break;
+        };
+        out.push(batch);
+        rest = &rest[HEADER_BYTES + len..];
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gputel_proto::NodeSample;
+
+    fn batch(seq: u64) -> Batch {
+        Batch {
+            seq,
+            node: vec![NodeSample {
+                ts_us: seq as i64,
+                cpu_count: 8,
+                load1: Some(1.5),
+                ..NodeSample::default()
+            }],
+            ..Batch::default()
+        }
+    }
+
+    fn seqs(batches: &[Batch]) -> Vec<u64> {
+        batches.iter().map(|b| b.seq).collect()
+    }
+
+    #[test]
+    fn batches_outlive_a_restart_with_the_same_agent_id_and_next_seq() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spool = Spool::open(dir.path(), 1 << 20).unwrap();
+        let id = spool.agent_id().to_owned();
+        assert_eq!(spool.next_seq(), 1);
+        for seq in 1..=5 {
+            spool.append(&batch(seq)).unwrap();
+        }
+        spool.acknowledge(2).unwrap();
+        drop(spool);
+
+        let spool = Spool::open(dir.path(), 1 << 20).unwrap();
+        assert_eq!(spool.agent_id(), id);
+        assert_eq!(spool.next_seq(), 6);
+        // One segment holds 1..5: acking 2 deleted nothing yet; the sender
+        // starts from the collector's durable seq + 1.
+        assert_eq!(seqs(&spool.read_from(3, 100).unwrap()), [3, 4, 5]);
+        assert_eq!(spool.read_from(3, 2).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn acknowledged_segments_are_deleted_and_numbers_continue() {
+        let dir = tempfile::tempdir().unwrap();
+        // One batch a segment.
+        let mut spool = Spool::open(dir.path(), 1 << 20).unwrap();
+        spool.segment_bytes = 1;
+        for seq in 1..=4 {
+            spool.append(&batch(seq)).unwrap();
+        }
+        assert_eq!(spool.len(), 4);
+        spool.acknowledge(4).unwrap();
+        assert_eq!(spool.len(), 0);
+        assert!(spool.is_empty());
+        drop(spool);
+        let spool = Spool::open(dir.path(), 1 << 20).unwrap();
+        assert_eq!(spool.next_seq(), 5);
+        assert!(spool.is_empty());
+    }
+
+    #[test]
+    fn a_full_spool_drops_the_oldest_and_counts_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spool = Spool::open(dir.path(), 100).unwrap();
+        spool.segment_bytes = 1;
+        let mut dropped = 0;
+        for seq in 1..=10 {
+            dropped += spool.append(&batch(seq)).unwrap();
+        }
+        assert!(dropped > 0);
+        assert_eq!(spool.dropped, dropped);
+        assert_eq!(spool.len() + dropped, 10);
+        // What is left is the newest, in order.
+        let left = seqs(&spool.read_from(0, 100).unwrap());
+        assert_eq!(left.last(), Some(&10));
+        assert_eq!(left.first(), Some(&(dropped + 1)));
+    }
+
+    #[test]
+    fn a_torn_tail_ends_the_segment() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spool = Spool::open(dir.path(), 1 << 20).unwrap();
+        spool.append(&batch(1)).unwrap();
+        spool.append(&batch(2)).unwrap();
+        drop(spool);
+        let path = segment_path(dir.path(), 1);
+        let len = fs::metadata(&path).unwrap().len();
+        OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(len - 3)
+            .unwrap();
+        let spool = Spool::open(dir.path(), 1 << 20).unwrap();
+        assert_eq!(seqs(&spool.read_from(0, 10).unwrap()), [1]);
+        assert_eq!(spool.next_seq(), 2);
+    }
+}
