@@ -14,6 +14,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Endpoint;
 use tracing::{debug, error, info, warn};
 
+use crate::spool::Spool;
+
 /// Messages handed to the gRPC transport ahead of the network.
 const SEND_WINDOW: usize = 32;
 /// How long a connection attempt, or the collector's welcome, may take.
@@ -69,14 +71,39 @@ enum StreamError {
 
 /// Streams batches from `batches` to the collector at `endpoint` until the
 /// channel closes and everything is acknowledged (or `drain_timeout` passes).
+/// Unacknowledged batches are kept in memory, at most `max_pending`.
 pub async fn run(
     endpoint: Endpoint,
     identity: Identity,
-    mut batches: mpsc::Receiver<Batch>,
+    batches: mpsc::Receiver<Batch>,
     max_pending: usize,
     drain_timeout: Duration,
 ) -> Delivery {
-    let mut queue = Queue::new(max_pending);
+    let queue = Queue::new(max_pending, None);
+    run_queue(endpoint, identity, batches, queue, drain_timeout).await
+}
+
+/// As [`run`], with unacknowledged batches kept in `spool` (memory holds only
+/// the newest `max_in_memory`; older ones are read back from disk to resend).
+pub async fn run_with_spool(
+    endpoint: Endpoint,
+    identity: Identity,
+    batches: mpsc::Receiver<Batch>,
+    spool: Spool,
+    max_in_memory: usize,
+    drain_timeout: Duration,
+) -> Delivery {
+    let queue = Queue::new(max_in_memory, Some(spool));
+    run_queue(endpoint, identity, batches, queue, drain_timeout).await
+}
+
+async fn run_queue(
+    endpoint: Endpoint,
+    identity: Identity,
+    mut batches: mpsc::Receiver<Batch>,
+    mut queue: Queue,
+    drain_timeout: Duration,
+) -> Delivery {
     let mut backoff = new_backoff();
     let mut drain_deadline: Option<Instant> = None;
     loop {
@@ -192,44 +219,36 @@ async fn stream(
     drain_deadline: &mut Option<Instant>,
     drain_timeout: Duration,
 ) -> Ended {
-    // Everything in the queue is unsent on this new stream.
-    let mut next_send = 0usize;
+    // Everything unacknowledged is unsent on this new stream: the cursor is
+    // the lowest sequence number still to send.
+    let mut cursor = 0u64;
     loop {
         if drain_deadline.is_some() && queue.is_empty() {
             return Ended::Done;
         }
-        let has_unsent = next_send < queue.len();
+        let has_unsent = queue.last_seq().is_some_and(|last| last >= cursor);
         let deadline = drain_deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
         tokio::select! {
             permit = tx.reserve(), if has_unsent => {
                 let Ok(permit) = permit else { return Ended::Lost(StreamError::Closed) };
-                if let Some(batch) = queue.get(next_send) {
-                    permit.send(AgentMessage { kind: Some(agent_message::Kind::Batch(batch.clone())) });
-                    next_send += 1;
+                if let Some(batch) = queue.next_from(cursor) {
+                    cursor = batch.seq + 1;
+                    permit.send(AgentMessage { kind: Some(agent_message::Kind::Batch(batch)) });
+                } else {
+                    // Nothing at or after the cursor is left (acknowledged meanwhile).
+                    cursor = queue.last_seq().map_or(cursor, |last| last + 1);
                 }
             }
             batch = batches.recv(), if drain_deadline.is_none() => match batch {
-                Some(batch) => {
-                    if queue.push(batch) {
-                        // The oldest batch was evicted from in front of the send position.
-                        next_send = next_send.saturating_sub(1);
-                    }
-                }
+                Some(batch) => queue.push(batch),
                 None => *drain_deadline = Some(Instant::now() + drain_timeout),
             },
             message = responses.message() => match message {
                 Ok(Some(message)) => match message.kind {
-                    Some(collector_message::Kind::Ack(ack)) => {
-                        let removed = queue.acknowledge(ack.seq);
-                        next_send = next_send.saturating_sub(removed);
-                    }
+                    Some(collector_message::Kind::Ack(ack)) => queue.acknowledge(ack.seq),
                     Some(collector_message::Kind::Reject(reject)) => {
                         error!(seq = reject.seq, reason = %reject.reason, "collector rejected a batch; it is dropped");
-                        if let Some(pos) = queue.reject(reject.seq)
-                            && pos < next_send
-                        {
-                            next_send -= 1;
-                        }
+                        queue.reject(reject.seq);
                     }
                     Some(collector_message::Kind::Welcome(_)) | None => {
                         debug!("unexpected message from the collector ignored");
@@ -246,56 +265,131 @@ async fn stream(
     }
 }
 
-/// Unacknowledged batches in sequence order, bounded.
+/// Unacknowledged batches in sequence order: the newest in memory (at most
+/// `max`), all of them in the spool when there is one.
 #[derive(Debug)]
 struct Queue {
     batches: VecDeque<Batch>,
     max: usize,
+    spool: Option<Spool>,
+    /// Batches read back from the spool for resending, in order.
+    from_disk: VecDeque<Batch>,
+    /// Sequence numbers rejected by the collector, skipped when resending.
+    rejected: Vec<u64>,
     delivery: Delivery,
 }
 
+/// Batches read from the spool at a time when resending.
+const SPOOL_READ: usize = 256;
+
 impl Queue {
-    fn new(max: usize) -> Self {
+    fn new(max: usize, spool: Option<Spool>) -> Self {
         Self {
             batches: VecDeque::new(),
             max,
+            spool,
+            from_disk: VecDeque::new(),
+            rejected: Vec::new(),
             delivery: Delivery::default(),
         }
     }
 
+    /// Batches not yet acknowledged.
     fn len(&self) -> usize {
-        self.batches.len()
+        match &self.spool {
+            Some(spool) => spool.len() as usize,
+            None => self.batches.len(),
+        }
     }
 
     fn is_empty(&self) -> bool {
-        self.batches.is_empty()
+        self.len() == 0
     }
 
-    fn get(&self, i: usize) -> Option<&Batch> {
-        self.batches.get(i)
-    }
-
-    /// Adds a batch; returns true if the oldest was dropped to make room.
-    fn push(&mut self, batch: Batch) -> bool {
-        self.delivery.produced += 1;
-        self.batches.push_back(batch);
-        if self.batches.len() > self.max {
-            if let Some(old) = self.batches.pop_front() {
-                self.delivery.dropped += 1;
-                warn!(
-                    seq = old.seq,
-                    dropped_total = self.delivery.dropped,
-                    "pending queue full: oldest batch dropped"
-                );
-            }
-            return true;
+    /// The newest unacknowledged sequence number.
+    fn last_seq(&self) -> Option<u64> {
+        if self.is_empty() {
+            return None;
         }
-        false
+        match &self.spool {
+            Some(spool) => Some(spool.next_seq() - 1),
+            None => self.batches.back().map(|b| b.seq),
+        }
     }
 
-    /// Drops every batch with seq <= `seq`; returns how many.
-    fn acknowledge(&mut self, seq: u64) -> usize {
-        let before = self.batches.len();
+    /// The first unacknowledged batch with sequence `cursor` or later.
+    fn next_from(&mut self, cursor: u64) -> Option<Batch> {
+        let in_memory =
+            self.batches.front().is_some_and(|b| b.seq <= cursor) || self.spool.is_none();
+        if in_memory {
+            return self
+                .batches
+                .iter()
+                .find(|b| b.seq >= cursor && !self.rejected.contains(&b.seq))
+                .cloned();
+        }
+        // Older than memory holds: read it back from the spool.
+        while self.from_disk.front().is_some_and(|b| b.seq < cursor) {
+            self.from_disk.pop_front();
+        }
+        if self.from_disk.is_empty() {
+            let spool = self.spool.as_ref()?;
+            match spool.read_from(cursor, SPOOL_READ) {
+                Ok(batches) => self.from_disk = batches.into(),
+                Err(e) => {
+                    warn!(error = %e, "cannot read the spool; resending from memory");
+                    return self.batches.iter().find(|b| b.seq >= cursor).cloned();
+                }
+            }
+        }
+        while let Some(batch) = self.from_disk.pop_front() {
+            if !self.rejected.contains(&batch.seq) {
+                return Some(batch);
+            }
+        }
+        None
+    }
+
+    /// Adds a batch: to the spool first, then to memory, evicting the oldest
+    /// from memory past `max` (dropped and counted unless the spool has it).
+    fn push(&mut self, batch: Batch) {
+        self.delivery.produced += 1;
+        let mut spooled = false;
+        if let Some(spool) = &mut self.spool {
+            match spool.append(&batch) {
+                Ok(dropped) => {
+                    spooled = true;
+                    if dropped > 0 {
+                        self.delivery.dropped += dropped;
+                        warn!(
+                            dropped,
+                            dropped_total = self.delivery.dropped,
+                            "spool full: oldest batches dropped"
+                        );
+                    }
+                }
+                Err(e) => {
+                    warn!(seq = batch.seq, error = %e, "cannot spool a batch; it is kept in memory only")
+                }
+            }
+        }
+        self.batches.push_back(batch);
+        if self.batches.len() > self.max
+            && let Some(old) = self.batches.pop_front()
+            && !spooled
+        {
+            self.delivery.dropped += 1;
+            warn!(
+                seq = old.seq,
+                dropped_total = self.delivery.dropped,
+                "pending queue full: oldest batch dropped"
+            );
+        }
+    }
+
+    /// Everything with seq <= `seq` is acknowledged.
+    fn acknowledge(&mut self, seq: u64) {
+        let before = self.len();
         while self.batches.front().is_some_and(|b| b.seq <= seq) {
             let Some(batch) = self.batches.pop_front() else {
                 break;
@@ -305,17 +399,28 @@ impl Queue {
             rows.node += batch.node.len() as u64;
             rows.ib += batch.ib.len() as u64;
         }
-        let removed = before - self.batches.len();
-        self.delivery.acknowledged += removed as u64;
-        removed
+        self.from_disk.retain(|b| b.seq > seq);
+        self.rejected.retain(|r| *r > seq);
+        if let Some(spool) = &mut self.spool
+            && let Err(e) = spool.acknowledge(seq)
+        {
+            warn!(error = %e, "cannot delete acknowledged spool segments");
+        }
+        self.delivery.acknowledged += before.saturating_sub(self.len()) as u64;
     }
 
-    /// Drops the batch `seq`; returns its position.
-    fn reject(&mut self, seq: u64) -> Option<usize> {
-        let pos = self.batches.iter().position(|b| b.seq == seq)?;
-        self.batches.remove(pos);
-        self.delivery.rejected += 1;
-        Some(pos)
+    /// The collector refused `seq` for good: never send it again.
+    fn reject(&mut self, seq: u64) {
+        let before = self.batches.len();
+        self.batches.retain(|b| b.seq != seq);
+        self.from_disk.retain(|b| b.seq != seq);
+        if self.spool.is_some() {
+            // It stays on disk until its segment is acknowledged; skip it.
+            self.rejected.push(seq);
+        }
+        if self.batches.len() < before || self.spool.is_some() {
+            self.delivery.rejected += 1;
+        }
     }
 }
 
@@ -330,28 +435,34 @@ mod tests {
         }
     }
 
+    fn seqs(q: &Queue) -> Vec<u64> {
+        q.batches.iter().map(|b| b.seq).collect()
+    }
+
     #[test]
-    fn queue_drops_oldest_when_full_and_counts_it() {
-        let mut q = Queue::new(2);
-        assert!(!q.push(batch(1)));
-        assert!(!q.push(batch(2)));
-        assert!(q.push(batch(3)));
-        assert_eq!(q.batches.iter().map(|b| b.seq).collect::<Vec<_>>(), [2, 3]);
+    fn without_a_spool_a_full_queue_drops_the_oldest_and_counts_it() {
+        let mut q = Queue::new(2, None);
+        q.push(batch(1));
+        q.push(batch(2));
+        q.push(batch(3));
+        assert_eq!(seqs(&q), [2, 3]);
         assert_eq!(q.delivery.dropped, 1);
         assert_eq!(q.delivery.produced, 3);
+        assert_eq!(q.next_from(0).map(|b| b.seq), Some(2));
     }
 
     #[test]
     fn acks_are_cumulative_and_rejects_remove_one() {
-        let mut q = Queue::new(10);
+        let mut q = Queue::new(10, None);
         for seq in 1..=5 {
             q.push(batch(seq));
         }
-        assert_eq!(q.acknowledge(2), 2);
-        assert_eq!(q.acknowledge(2), 0);
-        assert_eq!(q.reject(4), Some(1));
-        assert_eq!(q.batches.iter().map(|b| b.seq).collect::<Vec<_>>(), [3, 5]);
-        assert_eq!(q.acknowledge(5), 2);
+        q.acknowledge(2);
+        q.acknowledge(2);
+        q.reject(4);
+        assert_eq!(seqs(&q), [3, 5]);
+        assert_eq!(q.next_from(4).map(|b| b.seq), Some(5));
+        q.acknowledge(5);
         assert_eq!(
             q.delivery,
             Delivery {
@@ -363,5 +474,32 @@ mod tests {
                 acknowledged_rows: TableRows::default(),
             }
         );
+        assert_eq!(q.last_seq(), None);
+    }
+
+    #[test]
+    fn with_a_spool_batches_evicted_from_memory_are_resent_from_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let spool = Spool::open(dir.path(), 1 << 20).unwrap();
+        let mut q = Queue::new(2, Some(spool));
+        for seq in 1..=5 {
+            q.push(batch(seq));
+        }
+        // Memory keeps 4 and 5; nothing was dropped: 1 to 3 are on disk.
+        assert_eq!(seqs(&q), [4, 5]);
+        assert_eq!(q.delivery.dropped, 0);
+        assert_eq!(q.len(), 5);
+        let mut sent = Vec::new();
+        let mut cursor = 0;
+        while let Some(b) = q.next_from(cursor) {
+            cursor = b.seq + 1;
+            sent.push(b.seq);
+        }
+        assert_eq!(sent, [1, 2, 3, 4, 5]);
+        q.acknowledge(3);
+        assert_eq!(q.len(), 2);
+        assert_eq!(q.last_seq(), Some(5));
+        q.acknowledge(5);
+        assert!(q.is_empty());
     }
 }

@@ -59,8 +59,18 @@ pub struct Settings {
     /// NVML library to load [default: the system's libnvidia-ml.so.1].
     #[arg(long, value_name = "PATH")]
     pub nvml_lib: Option<PathBuf>,
-    /// Unacknowledged batches kept in memory while the collector is away; the
-    /// oldest are dropped, and counted, beyond it [default: 3600].
+    /// Directory of the on-disk spool: unacknowledged batches are kept there
+    /// until the collector has them, through collector outages and agent
+    /// restarts. Without it they are kept in memory only [default: none].
+    #[arg(long, value_name = "DIR")]
+    pub spool_dir: Option<PathBuf>,
+    /// Largest size of the spool, in bytes; beyond it the oldest batches are
+    /// dropped, and counted [default: 268435456].
+    #[arg(long, value_name = "BYTES")]
+    pub spool_max_bytes: Option<u64>,
+    /// Unacknowledged batches kept in memory (with a spool: the newest of them,
+    /// the rest are read back from disk); without a spool the oldest are
+    /// dropped, and counted, beyond it [default: 3600].
     #[arg(long, value_name = "BATCHES")]
     pub max_pending_batches: Option<usize>,
     /// At shutdown, how long to wait for the collector to acknowledge what was sent
@@ -99,6 +109,8 @@ impl Settings {
             sysfs_root: self.sysfs_root.or(other.sysfs_root),
             nvml_lib: self.nvml_lib.or(other.nvml_lib),
             max_pending_batches: self.max_pending_batches.or(other.max_pending_batches),
+            spool_dir: self.spool_dir.or(other.spool_dir),
+            spool_max_bytes: self.spool_max_bytes.or(other.spool_max_bytes),
             drain_timeout: self.drain_timeout.or(other.drain_timeout),
             process_interval: self.process_interval.or(other.process_interval),
             hpc_job_mapping_dir: self.hpc_job_mapping_dir.or(other.hpc_job_mapping_dir),
@@ -118,6 +130,8 @@ pub struct Config {
     pub sysfs_root: PathBuf,
     pub nvml_lib: Option<PathBuf>,
     pub max_pending_batches: usize,
+    pub spool_dir: Option<PathBuf>,
+    pub spool_max_bytes: u64,
     pub drain_timeout: Duration,
     pub process_interval: Duration,
     pub hpc_job_mapping_dir: Option<PathBuf>,
@@ -172,6 +186,8 @@ impl Config {
             sysfs_root: s.sysfs_root.unwrap_or_else(|| PathBuf::from("/sys")),
             nvml_lib: s.nvml_lib,
             max_pending_batches: s.max_pending_batches.unwrap_or(3600),
+            spool_dir: s.spool_dir,
+            spool_max_bytes: s.spool_max_bytes.unwrap_or(256 * 1024 * 1024),
             drain_timeout: s.drain_timeout.unwrap_or(Duration::from_secs(10)),
             process_interval: s.process_interval.unwrap_or(Duration::from_secs(10)),
             hpc_job_mapping_dir: s.hpc_job_mapping_dir,

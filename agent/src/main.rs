@@ -9,6 +9,7 @@ use gputel_agent::config::{Cli, Config};
 use gputel_agent::metrics::{self, Metrics};
 use gputel_agent::sampling::{self, Samplers};
 use gputel_agent::snapshot;
+use gputel_agent::spool::Spool;
 use tonic::transport::Endpoint;
 use tracing::{error, info, warn};
 use tracing_subscriber::EnvFilter;
@@ -44,11 +45,31 @@ fn main() -> anyhow::Result<()> {
         .with_context(|| format!("invalid collector URL {:?}", config.collector))?
         .connect_timeout(Duration::from_secs(10))
         .tcp_nodelay(true);
+    // With a spool, the agent id and the sequence numbers outlive restarts,
+    // so the collector recognises what it already has.
+    let spool = match &config.spool_dir {
+        Some(dir) => Some(
+            Spool::open(dir, config.spool_max_bytes)
+                .with_context(|| format!("cannot open the spool in {}", dir.display()))?,
+        ),
+        None => None,
+    };
+    let first_seq = spool.as_ref().map_or(1, Spool::next_seq);
     let identity = Identity {
         node: config.node.clone(),
-        agent_id: new_agent_id(),
+        agent_id: spool
+            .as_ref()
+            .map_or_else(new_agent_id, |s| s.agent_id().to_owned()),
         boot_id: read_trimmed(&config.procfs_root.join("sys/kernel/random/boot_id")),
     };
+    if let Some(spool) = &spool
+        && !spool.is_empty()
+    {
+        info!(
+            batches = spool.len(),
+            "spool holds unacknowledged batches from before; they are sent first"
+        );
+    }
     // Bound before sampling starts, so a taken port stops the agent at once.
     let metrics_endpoint = match config.metrics_listen {
         Some(addr) => Some((metrics::bind(addr)?, Arc::new(Metrics::new(&config.node)))),
@@ -68,7 +89,7 @@ fn main() -> anyhow::Result<()> {
     let sampler = std::thread::Builder::new()
         .name("sampler".into())
         .spawn(move || {
-            sampling::run(samplers, interval, ticks, &stop_rx, |batch| {
+            sampling::run(samplers, interval, ticks, first_seq, &stop_rx, |batch| {
                 if let Some(metrics) = &recorder {
                     metrics.record(&batch);
                 }
@@ -88,13 +109,31 @@ fn main() -> anyhow::Result<()> {
                 }
             })
         });
-        let delivering = tokio::spawn(client::run(
-            endpoint,
-            identity,
-            batch_rx,
-            config.max_pending_batches,
-            config.drain_timeout,
-        ));
+        let delivering = tokio::spawn(async move {
+            match spool {
+                Some(spool) => {
+                    client::run_with_spool(
+                        endpoint,
+                        identity,
+                        batch_rx,
+                        spool,
+                        config.max_pending_batches,
+                        config.drain_timeout,
+                    )
+                    .await
+                }
+                None => {
+                    client::run(
+                        endpoint,
+                        identity,
+                        batch_rx,
+                        config.max_pending_batches,
+                        config.drain_timeout,
+                    )
+                    .await
+                }
+            }
+        });
         tokio::pin!(delivering);
         let delivery = tokio::select! {
             delivery = &mut delivering => delivery,

@@ -110,18 +110,19 @@ pub fn next_tick(now_us: i64, interval_us: i64) -> i64 {
 }
 
 /// Samples at every tick until `stop` receives a message or is dropped, or
-/// `ticks` ticks are done; each batch goes to `emit` with seq numbers from 1
-/// on. Returns the number of ticks taken.
+/// `ticks` ticks are done; each batch goes to `emit` with seq numbers from
+/// `first_seq` on. Returns the number of ticks taken.
 pub fn run(
     mut samplers: Samplers,
     interval: Duration,
     ticks: Option<u64>,
+    first_seq: u64,
     stop: &Receiver<()>,
     mut emit: impl FnMut(Batch) -> bool,
 ) -> u64 {
     let interval_us = interval.as_micros().max(1) as i64;
     let mut taken = 0;
-    let mut seq = 0;
+    let mut seq = first_seq.saturating_sub(1);
     while ticks.is_none_or(|n| taken < n) {
         let now = now_us();
         let ts_us = next_tick(now, interval_us);

@@ -63,6 +63,9 @@ pub struct Spool {
     file: File,
     segment_bytes: u64,
     max_bytes: u64,
+    /// Highest acknowledged sequence: batches up to it may still sit in the
+    /// oldest segment, which is deleted once all of it is acknowledged.
+    acked: u64,
     /// Batches deleted unsent because the spool was full.
     pub dropped: u64,
 }
@@ -120,8 +123,9 @@ impl Spool {
             agent_id,
             segments,
             file,
-            segment_bytes: (max_bytes / 16).clamp(64 * 1024, 16 * 1024 * 1024),
+            segment_bytes: (max_bytes / 16).clamp(4 * 1024, 16 * 1024 * 1024),
             max_bytes,
+            acked: 0,
             dropped: 0,
         })
     }
@@ -136,9 +140,14 @@ impl Spool {
         self.segments.back().map_or(1, |s| s.last_seq + 1)
     }
 
-    /// Batches spooled and not yet acknowledged.
+    /// Batches spooled and not yet acknowledged (sequence numbers in the
+    /// spool are consecutive).
     pub fn len(&self) -> u64 {
-        self.segments.iter().map(|s| s.batches).sum()
+        let Some(first) = self.first_seq() else {
+            return 0;
+        };
+        let last = self.next_seq() - 1;
+        last.saturating_sub(self.acked.max(first - 1))
     }
 
     /// Whether nothing waits for an acknowledgement.
@@ -207,6 +216,7 @@ impl Spool {
 
     /// Everything up to `seq` is acknowledged: deletes the segments it covers.
     pub fn acknowledge(&mut self, seq: u64) -> Result<(), SpoolError> {
+        self.acked = self.acked.max(seq);
         while self.segments.len() > 1 && self.segments.front().is_some_and(|s| s.last_seq <= seq) {
             if let Some(old) = self.segments.pop_front() {
                 let path = segment_path(&self.dir, old.first_seq);
@@ -223,6 +233,7 @@ impl Spool {
     /// The spooled batches with sequence `from` or later, in order, read
     /// from disk one segment at a time; at most `limit` of them.
     pub fn read_from(&self, from: u64, limit: usize) -> Result<Vec<Batch>, SpoolError> {
+        let from = from.max(self.acked + 1);
         let mut out = Vec::new();
         for segment in &self.segments {
             if segment.batches == 0 || segment.last_seq < from {
