@@ -129,6 +129,11 @@ pub struct Settings {
     /// [default: 1000000].
     #[arg(long, value_name = "ROWS")]
     pub flush_rows: Option<usize>,
+    /// Rows held in memory (buffered, or waiting for a write that failed) at
+    /// which new batches are refused until the store catches up; agents keep
+    /// them and retry [default: 4000000].
+    #[arg(long, value_name = "ROWS")]
+    pub max_unwritten_rows: Option<usize>,
     /// Largest message accepted from an agent, in bytes [default: 16777216].
     #[arg(long, value_name = "BYTES")]
     pub max_message_bytes: Option<usize>,
@@ -146,6 +151,7 @@ impl Settings {
             wal_dir: self.wal_dir.or(other.wal_dir),
             flush_interval: self.flush_interval.or(other.flush_interval),
             flush_rows: self.flush_rows.or(other.flush_rows),
+            max_unwritten_rows: self.max_unwritten_rows.or(other.max_unwritten_rows),
             max_message_bytes: self.max_message_bytes.or(other.max_message_bytes),
             log: self.log.or(other.log),
         }
@@ -160,6 +166,7 @@ pub struct Config {
     pub wal_dir: PathBuf,
     pub flush_interval: Duration,
     pub flush_rows: usize,
+    pub max_unwritten_rows: usize,
     pub max_message_bytes: usize,
     pub log: String,
 }
@@ -199,6 +206,7 @@ impl Config {
             wal_dir: s.wal_dir.unwrap_or_else(|| PathBuf::from("./gputel-wal")),
             flush_interval: s.flush_interval.unwrap_or(Duration::from_secs(60)),
             flush_rows: s.flush_rows.unwrap_or(1_000_000),
+            max_unwritten_rows: s.max_unwritten_rows.unwrap_or(4_000_000),
             max_message_bytes: s
                 .max_message_bytes
                 .unwrap_or(gputel_proto::DEFAULT_MAX_MESSAGE_BYTES),

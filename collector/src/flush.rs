@@ -82,6 +82,15 @@ impl Flusher {
         Ok(report)
     }
 
+    /// Rows in files waiting to be written.
+    fn pending_rows(&self) -> usize {
+        self.queue
+            .iter()
+            .flat_map(|u| &u.files)
+            .map(|(_, batch)| batch.num_rows())
+            .sum()
+    }
+
     /// Files waiting to be written.
     pub fn pending_files(&self) -> usize {
         self.queue.iter().map(|u| u.files.len()).sum()
@@ -149,7 +158,9 @@ impl Flusher {
 
     async fn flush_logged(&mut self) -> bool {
         let started = Instant::now();
-        match self.flush().await {
+        let result = self.flush().await;
+        self.shared.set_unwritten_rows(self.pending_rows());
+        match result {
             Ok(report) => {
                 if report.files > 0 {
                     let stats = &self.shared.stats;

@@ -3,7 +3,7 @@
 //! the write buffer, and acknowledges them once the log is synced to disk.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -37,6 +37,9 @@ pub struct Shared {
     /// Woken when records wait for an fsync.
     sync_wanted: Notify,
     flush_rows: usize,
+    max_unwritten_rows: usize,
+    /// Rows taken from the buffer whose files are not written yet.
+    unwritten_rows: AtomicUsize,
     draining: AtomicBool,
     clock: Clock,
     next_session: AtomicU64,
@@ -93,7 +96,13 @@ pub struct LogUnavailable(#[from] WalError);
 impl Shared {
     /// The shared state over an opened log, with what it replayed already in
     /// the buffer.
-    pub fn new(flush_rows: usize, clock: Clock, wal: Wal, replayed: Replayed) -> Self {
+    pub fn new(
+        flush_rows: usize,
+        max_unwritten_rows: usize,
+        clock: Clock,
+        wal: Wal,
+        replayed: Replayed,
+    ) -> Self {
         let agents = wal
             .durable()
             .iter()
@@ -137,6 +146,8 @@ impl Shared {
             flush_now: Notify::new(),
             sync_wanted: Notify::new(),
             flush_rows,
+            max_unwritten_rows,
+            unwritten_rows: AtomicUsize::new(0),
             draining: AtomicBool::new(false),
             clock,
             next_session: AtomicU64::new(1),
@@ -175,6 +186,11 @@ impl Shared {
     /// Rows buffered now.
     pub fn buffered_rows(&self) -> usize {
         self.lock().buffer.rows()
+    }
+
+    /// The flush loop reports the rows it holds whose files are not written.
+    pub fn set_unwritten_rows(&self, rows: usize) {
+        self.unwritten_rows.store(rows, Ordering::Relaxed);
     }
 
     /// Syncs the log whenever records wait for it and acknowledges them:
@@ -428,6 +444,20 @@ impl Session {
             if batch.seq <= agent.received {
                 let durable = (batch.seq <= agent.durable).then_some(agent.durable);
                 (Some(durable), false)
+            } else if state.buffer.rows() + shared.unwritten_rows.load(Ordering::Relaxed)
+                >= shared.max_unwritten_rows
+            {
+                drop(guard);
+                shared.flush_now.notify_one();
+                warn!(
+                    node,
+                    agent_id, "store behind: batch refused until it catches up"
+                );
+                // The agent keeps the batch and retries after a backoff.
+                return Err(Status::resource_exhausted(format!(
+                    "the collector holds {} rows not yet written to the store; retry later",
+                    shared.max_unwritten_rows
+                )));
             } else {
                 if let Err(e) = state.wal.append_batch(agent_id, node, batch) {
                     drop(guard);

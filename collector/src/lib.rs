@@ -68,6 +68,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let options = ServeOptions {
         flush_interval: config.flush_interval,
         flush_rows: config.flush_rows,
+        max_unwritten_rows: config.max_unwritten_rows,
         max_message_bytes: config.max_message_bytes,
     };
     let (wal, replayed) = wal::Wal::open(&config.wal_dir)?;
@@ -93,6 +94,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
 pub struct ServeOptions {
     pub flush_interval: Duration,
     pub flush_rows: usize,
+    pub max_unwritten_rows: usize,
     pub max_message_bytes: usize,
 }
 
@@ -111,7 +113,13 @@ pub async fn serve(
         source,
     })?;
     let replaying = !replayed.records.is_empty();
-    let shared = Arc::new(Shared::new(options.flush_rows, clock, wal, replayed));
+    let shared = Arc::new(Shared::new(
+        options.flush_rows,
+        options.max_unwritten_rows,
+        clock,
+        wal,
+        replayed,
+    ));
     let (stop_flush, stop_flush_rx) = watch::channel(false);
     let (close_streams, close_streams_rx) = watch::channel(false);
     let mut flusher = Flusher::new(Arc::clone(&shared), store);

@@ -66,6 +66,14 @@ struct Collector {
 
 impl Collector {
     async fn start(flush_rows: usize, max_message_bytes: usize) -> Self {
+        Self::start_with(flush_rows, max_message_bytes, usize::MAX).await
+    }
+
+    async fn start_with(
+        flush_rows: usize,
+        max_message_bytes: usize,
+        max_unwritten_rows: usize,
+    ) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = gputel_collector::store::open(dir.path().to_str().expect("utf-8 temp path"))
             .expect("open store");
@@ -75,6 +83,7 @@ impl Collector {
             flush_interval: NEVER,
             flush_rows,
             max_message_bytes,
+            max_unwritten_rows,
         };
         let (wal, replayed) =
             gputel_collector::wal::Wal::open(&dir.path().join("wal")).expect("open log");
@@ -284,7 +293,9 @@ fn gpu_batch(seq: u64, rows: u32) -> Batch {
     }
 }
 
-/// Every `.parquet` file of `table` in the store.
+/// Every `.parquet` file of `table` in the store. A write in progress shows
+/// as a staging file (`<name>.parquet#<n>`, renamed when complete): readers
+/// never see it under a `.parquet` name, and neither does this.
 fn parquet_files(store: &Path, table: &str) -> Vec<std::path::PathBuf> {
     fn walk(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
         let Ok(entries) = std::fs::read_dir(dir) else {
@@ -301,6 +312,7 @@ fn parquet_files(store: &Path, table: &str) -> Vec<std::path::PathBuf> {
     }
     let mut out = Vec::new();
     walk(&store.join(table), &mut out);
+    out.retain(|p| !p.to_string_lossy().contains(".parquet#"));
     for path in &out {
         assert_eq!(
             path.extension().and_then(|e| e.to_str()),
@@ -664,4 +676,39 @@ async fn shutdown_writes_and_acks_buffered_rows_before_closing_streams() {
         stored_gpu_rows(dir.path()),
         expected_rows("node-a", &[(1, 1), (2, 2)])
     );
+}
+
+/// A store that cannot keep up must not grow memory without bound: past
+/// `max_unwritten_rows` batches are refused, the agent keeps them and retries,
+/// and once the rows are written the same batch is taken in.
+#[tokio::test]
+async fn batches_are_refused_while_too_many_rows_wait_for_the_store() {
+    let mut collector =
+        Collector::start_with(1_000_000, gputel_proto::DEFAULT_MAX_MESSAGE_BYTES, 2).await;
+    let (mut agent, _) = Agent::connect(collector.channel().await, "node-a", "agent-a").await;
+    agent.send_batch(gpu_batch(1, 1)).await;
+    agent.expect_ack(1).await;
+    agent.send_batch(gpu_batch(2, 1)).await;
+    agent.expect_ack(2).await;
+    agent.send_batch(gpu_batch(3, 1)).await;
+    agent
+        .expect_status(
+            Code::ResourceExhausted,
+            "the collector holds 2 rows not yet written to the store; retry later",
+        )
+        .await;
+    // The refusal also asks for a flush: the rows held are written...
+    collector
+        .expect_stored(expected_rows("node-a", &[(1, 1), (2, 1)]))
+        .await;
+    // ...and the agent's retry of the refused batch is taken in.
+    let (mut again, hello) = Agent::connect(collector.channel().await, "node-a", "agent-a").await;
+    assert_eq!(hello, welcome(2));
+    again.send_batch(gpu_batch(3, 1)).await;
+    again.expect_ack(3).await;
+    collector.stop_flushing().await;
+    collector
+        .expect_stored(expected_rows("node-a", &[(1, 1), (2, 1), (3, 1)]))
+        .await;
+    collector.stop_serving().await;
 }
