@@ -1,9 +1,12 @@
 //! Inputs shared by gputel's benchmarks: where the fixture trees and the fake
 //! NVML library are, a simulated cluster that produces the batches agents
-//! send, and the count of metric values in stored rows.
+//! send, the count of metric values in stored rows, and [`loadgen`], the
+//! load generator behind `gputel-loadgen`.
 //!
 //! The simulated cluster is deterministic (a fixed-seed generator), so every
 //! run measures the same bytes.
+
+pub mod loadgen;
 
 use std::f64::consts::TAU;
 use std::path::{Path, PathBuf};
@@ -19,7 +22,7 @@ use gputel_schemas::{PartitionKey, Table};
 pub const START_US: i64 = 1_718_208_000_000_000;
 /// One tick at the default 1 s interval.
 pub const SECOND_US: i64 = 1_000_000;
-/// GPUs on every simulated node (an HGX H100 board).
+/// GPUs on every node of a [`Cluster`] (an HGX H100 board).
 pub const GPUS_PER_NODE: u32 = 8;
 /// InfiniBand HCAs on every simulated node, one port each, as in the fixtures.
 pub const IB_PORTS_PER_NODE: usize = 4;
@@ -167,37 +170,72 @@ impl Rng {
     }
 }
 
-/// Simulated nodes of a training cluster, stepped one 1 s tick at a time.
-///
-/// Each node runs jobs (30–120 min) separated by idle gaps (2–10 min); about
-/// one node in five starts idle. A training job has an iteration period of
-/// 5–12 s that GPU power, memory traffic and IB traffic follow, and a
-/// checkpoint every 15–30 min (40 s of low GPU load and disk I/O). Sensors
-/// behave as NVML and the kernel report them: temperatures follow power with
-/// a 20 s lag in whole °C, power in mW with noise, energy and IB counters
-/// only grow, clocks in the H100's 15 MHz steps, CPU shares from whole
-/// jiffies of 224 CPUs, load averages with two decimals.
+/// Simulated nodes of a training cluster, stepped one 1 s tick at a time:
+/// [`GPUS_PER_NODE`] GPUs and [`IB_PORTS_PER_NODE`] ports each. See
+/// [`SimNode`] for how one node behaves.
 #[derive(Debug)]
 pub struct Cluster {
-    nodes: Vec<NodeSim>,
-    ts_us: i64,
+    nodes: Vec<SimNode>,
 }
 
 impl Cluster {
     /// `nodes` nodes named `gpu-node-001`, … whose first tick is [`START_US`].
     pub fn new(nodes: usize) -> Self {
         Self {
-            nodes: (0..nodes).map(NodeSim::new).collect(),
-            ts_us: START_US,
+            nodes: (0..nodes)
+                .map(|i| {
+                    let name = format!("gpu-node-{:03}", i + 1);
+                    SimNode::new(i, name, GPUS_PER_NODE, START_US, SECOND_US)
+                })
+                .collect(),
         }
     }
 
     /// Every node's batch for the next tick.
     pub fn tick(&mut self) -> Vec<AgentBatch> {
-        let ts_us = self.ts_us;
-        self.ts_us += SECOND_US;
-        self.nodes.iter_mut().map(|n| n.tick(ts_us)).collect()
+        self.nodes
+            .iter_mut()
+            .map(|n| AgentBatch {
+                node: n.name.clone(),
+                batch: n.next_batch(),
+            })
+            .collect()
     }
+}
+
+/// One simulated node of a training cluster, stepped one tick at a time.
+///
+/// The node runs jobs (30–120 min) separated by idle gaps (2–10 min); about
+/// one node in five starts idle. A training job has an iteration period of
+/// 5–12 s that GPU power, memory traffic and IB traffic follow, and a
+/// checkpoint every 15–30 min (40 s of low GPU load and disk I/O). Sensors
+/// behave as NVML and the kernel report them: temperatures follow power with
+/// a 20 s lag in whole °C, power in mW with noise, energy and IB counters
+/// only grow, clocks in the H100's 15 MHz steps, CPU shares from whole
+/// jiffies of 224 CPUs, load averages with two decimals. Ticks of any
+/// length advance this simulated time by their length: counters grow and
+/// sensors settle accordingly, rates stay per second.
+#[derive(Debug)]
+pub struct SimNode {
+    name: String,
+    rng: Rng,
+    seq: u64,
+    /// The next tick's timestamp.
+    ts_us: i64,
+    interval_us: i64,
+    /// Simulated time since the start, and its whole seconds.
+    elapsed_us: i64,
+    t: u32,
+    busy: bool,
+    /// Time left in the current job or idle gap.
+    left_us: i64,
+    iter_period_s: f64,
+    ckpt_every_s: u32,
+    ckpt_offset_s: u32,
+    gpus: Vec<GpuSim>,
+    ports: Vec<PortSim>,
+    mem_available_kib: f64,
+    load: [f64; 3],
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -215,24 +253,6 @@ const MIB: u64 = 1 << 20;
 const CPUS: u32 = 224;
 const MEM_TOTAL_KIB: u64 = 2_113_389_424;
 const CHECKPOINT_S: u32 = 40;
-
-#[derive(Debug)]
-struct NodeSim {
-    name: String,
-    rng: Rng,
-    seq: u64,
-    t: u32,
-    busy: bool,
-    /// Seconds left in the current job or idle gap.
-    left_s: u32,
-    iter_period_s: f64,
-    ckpt_every_s: u32,
-    ckpt_offset_s: u32,
-    gpus: Vec<GpuSim>,
-    ports: Vec<PortSim>,
-    mem_available_kib: f64,
-    load: [f64; 3],
-}
 
 #[derive(Debug)]
 struct GpuSim {
@@ -257,8 +277,12 @@ struct PortSim {
     rcv_packets: u64,
 }
 
-impl NodeSim {
-    fn new(i: usize) -> Self {
+impl SimNode {
+    /// Node number `index` of a cluster (which fixes its random stream), named
+    /// `name`, with `gpus` GPUs and [`IB_PORTS_PER_NODE`] ports, whose first
+    /// tick is at `start_us` and the next ones `interval_us` apart (at least 1).
+    pub fn new(index: usize, name: String, gpus: u32, start_us: i64, interval_us: i64) -> Self {
+        let i = index;
         let mut rng = Rng(0x6770_7574_656c ^ (i as u64).wrapping_mul(0x1000_0001));
         let busy = rng.unit() > 0.2;
         let left_s = if busy {
@@ -266,7 +290,7 @@ impl NodeSim {
         } else {
             rng.range(120.0, 600.0)
         } as u32;
-        let gpus = (0..GPUS_PER_NODE)
+        let gpus = (0..gpus)
             .map(|g| {
                 let power_w = if busy { 450.0 } else { 70.0 };
                 GpuSim {
@@ -303,11 +327,14 @@ impl NodeSim {
             })
             .collect();
         let mut node = Self {
-            name: format!("gpu-node-{:03}", i + 1),
+            name,
             seq: 0,
+            ts_us: start_us,
+            interval_us: interval_us.max(1),
+            elapsed_us: 0,
             t: 0,
             busy,
-            left_s,
+            left_us: i64::from(left_s) * SECOND_US,
             iter_period_s: 0.0,
             ckpt_every_s: 0,
             ckpt_offset_s: 0,
@@ -351,43 +378,52 @@ impl NodeSim {
         }
     }
 
-    fn tick(&mut self, ts_us: i64) -> AgentBatch {
-        if self.left_s == 0 {
+    /// The node name the rows belong to.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The batch of the next tick, with the next sequence number (from 1).
+    pub fn next_batch(&mut self) -> Batch {
+        let ts_us = self.ts_us;
+        self.ts_us += self.interval_us;
+        if self.left_us <= 0 {
             self.busy = !self.busy;
-            self.left_s = if self.busy {
+            let left_s = if self.busy {
                 self.rng.range(1800.0, 7200.0)
             } else {
                 self.rng.range(120.0, 600.0)
             } as u32;
+            self.left_us = i64::from(left_s) * SECOND_US;
             self.start_phase();
         }
-        self.left_s -= 1;
-        self.t += 1;
+        self.left_us -= self.interval_us;
+        let before_s = self.t;
+        self.elapsed_us += self.interval_us;
+        self.t = (self.elapsed_us / SECOND_US) as u32;
         self.seq += 1;
+        let dt = self.interval_us as f64 / SECOND_US as f64;
         let phase = self.phase();
-        // Where in the training iteration this second falls.
-        let theta = TAU * f64::from(self.t) / self.iter_period_s;
+        // Where in the training iteration this tick falls.
+        let theta = TAU * (self.elapsed_us as f64 / SECOND_US as f64) / self.iter_period_s;
 
         let gpu = self
             .gpus
             .iter_mut()
-            .map(|g| g.tick(ts_us, phase, theta, &mut self.rng))
+            .map(|g| g.tick(ts_us, dt, phase, theta, &mut self.rng))
             .collect();
-        let node = self.node_sample(ts_us, phase);
+        let node = self.node_sample(ts_us, dt, before_s, phase);
         let ib = self
             .ports
             .iter_mut()
-            .map(|p| p.tick(ts_us, phase, theta, &mut self.rng))
+            .map(|p| p.tick(ts_us, dt, phase, theta, &mut self.rng))
             .collect();
-        AgentBatch {
-            node: self.name.clone(),
-            batch: Batch {
-                seq: self.seq,
-                gpu,
-                node: vec![node],
-                ib,
-                ..Batch::default()
-            },
+        Batch {
+            seq: self.seq,
+            gpu,
+            node: vec![node],
+            ib,
+            ..Batch::default()
         }
     }
 
@@ -395,10 +431,12 @@ impl NodeSim {
         clippy::needless_update,
         reason = "the protocol may gain fields; rows leave them unset"
     )]
-    fn node_sample(&mut self, ts_us: i64, phase: Phase) -> NodeSample {
+    /// `dt`: the tick's length in seconds; `before_s`: whole seconds of
+    /// simulated time before it.
+    fn node_sample(&mut self, ts_us: i64, dt: f64, before_s: u32, phase: Phase) -> NodeSample {
         let rng = &mut self.rng;
         // CPU shares as the agent computes them: whole jiffies over all CPUs.
-        let total = f64::from(CPUS * 100) + (15.0 * rng.normal()).round();
+        let total = f64::from(CPUS * 100) * dt + (15.0 * rng.normal()).round();
         let (user, system, iowait) = match phase {
             Phase::Train => (
                 0.28 + 0.03 * rng.normal(),
@@ -423,12 +461,12 @@ impl NodeSim {
             Phase::Checkpoint => -40_000.0 + 20_000.0 * rng.normal(),
             Phase::Idle => 50.0 + 200.0 * rng.normal(),
         };
-        self.mem_available_kib = (self.mem_available_kib + drift_kib).clamp(1.2e9, 2.0e9);
+        self.mem_available_kib = (self.mem_available_kib + drift_kib * dt).clamp(1.2e9, 2.0e9);
         let available = self.mem_available_kib as u64 * 1024;
         let total_bytes = MEM_TOTAL_KIB * 1024;
 
         // The kernel recomputes load averages every 5 s and prints two decimals.
-        if self.t.is_multiple_of(5) {
+        for _ in before_s / 5..self.t / 5 {
             let runnable = match phase {
                 Phase::Train => 24.0 + (3.0 * rng.normal()).round(),
                 Phase::Checkpoint => 31.0 + (4.0 * rng.normal()).round(),
@@ -464,18 +502,21 @@ impl GpuSim {
         clippy::needless_update,
         reason = "the protocol may gain fields; rows leave them unset"
     )]
-    fn tick(&mut self, ts_us: i64, phase: Phase, theta: f64, rng: &mut Rng) -> GpuSample {
+    /// `dt`: the tick's length in seconds.
+    fn tick(&mut self, ts_us: i64, dt: f64, phase: Phase, theta: f64, rng: &mut Rng) -> GpuSample {
         let target_w = match phase {
             Phase::Train => 560.0 + 110.0 * theta.sin() + self.power_offset_w + 12.0 * rng.normal(),
             Phase::Checkpoint => 140.0 + 0.5 * self.power_offset_w + 10.0 * rng.normal(),
             Phase::Idle => 69.0 + 0.1 * self.power_offset_w + 1.5 * rng.normal(),
         };
         // NVML's power reading averages over about a second.
-        self.power_w = (self.power_w + 0.6 * (target_w - self.power_w)).clamp(60.0, 700.0);
+        let settle = (0.6 * dt).min(1.0);
+        self.power_w = (self.power_w + settle * (target_w - self.power_w)).clamp(60.0, 700.0);
         let power_mw = (self.power_w * 1000.0).round() as u32;
-        self.energy_mj += u64::from(power_mw); // 1 s at power_mw mW
+        self.energy_mj += (f64::from(power_mw) * dt).round() as u64; // dt s at power_mw mW
         let target_c = 27.0 + 0.075 * self.power_w + self.temp_offset_c;
-        self.temp_c += (target_c - self.temp_c) / 20.0 + 0.15 * rng.normal();
+        // Temperature lags power by about 20 s.
+        self.temp_c += (target_c - self.temp_c) / (20.0 / dt).max(1.0) + 0.15 * rng.normal();
         let memory_temp_c = self.temp_c + 5.0 + 0.004 * self.power_w;
 
         // Boost clock unless the board is at its power limit; idle GPUs park.
@@ -495,7 +536,7 @@ impl GpuSim {
             Phase::Idle => (0.0, 0.0),
         };
         // The caching allocator now and then grows or returns a few MiB.
-        if phase != Phase::Idle && rng.unit() < 1.0 / 600.0 {
+        if phase != Phase::Idle && rng.unit() < dt / 600.0 {
             let step = (rng.range(2.0, 64.0) as u64) * MIB;
             self.fb_used = if rng.unit() < 0.6 {
                 (self.fb_used + step).min(FB_TOTAL - FB_RESERVED)
@@ -530,7 +571,15 @@ impl PortSim {
         clippy::needless_update,
         reason = "the protocol may gain fields; rows leave them unset"
     )]
-    fn tick(&mut self, ts_us: i64, phase: Phase, theta: f64, rng: &mut Rng) -> IbPortSample {
+    /// `dt`: the tick's length in seconds.
+    fn tick(
+        &mut self,
+        ts_us: i64,
+        dt: f64,
+        phase: Phase,
+        theta: f64,
+        rng: &mut Rng,
+    ) -> IbPortSample {
         // All-reduce traffic peaks in the backward pass, opposite the compute peak.
         let bytes_per_s = match phase {
             Phase::Train => 2.2e10 * (0.55 - 0.4 * theta.sin()) * (1.0 + 0.05 * rng.normal()),
@@ -540,8 +589,8 @@ impl PortSim {
         .max(0.0);
         // The data counters count 4-byte words.
         let words = |bytes: f64| 4 * (bytes / 4.0).round() as u64;
-        let xmit = words(bytes_per_s);
-        let rcv = words(bytes_per_s * (1.0 + 0.01 * rng.normal()));
+        let xmit = words(bytes_per_s * dt);
+        let rcv = words(bytes_per_s * dt * (1.0 + 0.01 * rng.normal()));
         // Mostly 4 KiB MTU packets, with small control messages among them.
         let mut packets = |bytes: u64| (bytes as f64 / rng.range(3900.0, 4100.0)).round() as u64;
         let (xmit_packets, rcv_packets) = (packets(xmit), packets(rcv));
@@ -559,11 +608,11 @@ impl PortSim {
             rcv_bytes: Some(self.rcv_bytes),
             xmit_packets: Some(self.xmit_packets),
             rcv_packets: Some(self.rcv_packets),
-            // Ticks are exactly 1 s apart, so a rate is the increase.
-            xmit_bytes_per_s: Some(xmit as f64),
-            rcv_bytes_per_s: Some(rcv as f64),
-            xmit_packets_per_s: Some(xmit_packets as f64),
-            rcv_packets_per_s: Some(rcv_packets as f64),
+            // Ticks are exactly dt apart.
+            xmit_bytes_per_s: Some(xmit as f64 / dt),
+            rcv_bytes_per_s: Some(rcv as f64 / dt),
+            xmit_packets_per_s: Some(xmit_packets as f64 / dt),
+            rcv_packets_per_s: Some(rcv_packets as f64 / dt),
             ..IbPortSample::default()
         }
     }
@@ -608,5 +657,45 @@ mod tests {
         // The simulation fills 11 GPU metrics plus the XID and job counts, all 11 node
         // metrics and 9 of the 21 IB metrics (not the error or driver counters).
         assert_eq!(values, 2400 * (8 * 13 + 11 + 4 * 9));
+    }
+
+    #[test]
+    fn a_node_of_any_size_and_interval_keeps_time_and_counters_consistent() {
+        let interval_us = 15 * SECOND_US;
+        let mut node = SimNode::new(3, "n-1".to_owned(), 2, START_US, interval_us);
+        assert_eq!(node.name(), "n-1");
+        let batches: Vec<Batch> = (0..400).map(|_| node.next_batch()).collect();
+        for (k, b) in batches.iter().enumerate() {
+            assert_eq!(b.seq, k as u64 + 1);
+            assert_eq!(b.gpu.len(), 2);
+            assert_eq!(b.ib.len(), IB_PORTS_PER_NODE);
+            let ts = START_US + k as i64 * interval_us;
+            assert!(b.gpu.iter().all(|g| g.ts_us == ts));
+            assert_eq!(b.node[0].ts_us, ts);
+        }
+        for pair in batches.windows(2) {
+            let (a, b) = (&pair[0], &pair[1]);
+            for (x, y) in a.gpu.iter().zip(&b.gpu) {
+                // 15 s at the reported power, in mJ.
+                let used = y.energy_mj.unwrap_or(0) - x.energy_mj.unwrap_or(0);
+                assert_eq!(used, 15 * u64::from(y.power_mw.unwrap_or(0)));
+            }
+            for (x, y) in a.ib.iter().zip(&b.ib) {
+                let grown = y.xmit_bytes.unwrap_or(0) - x.xmit_bytes.unwrap_or(0);
+                assert_eq!(y.xmit_bytes_per_s, Some(grown as f64 / 15.0));
+            }
+            // 224 CPUs over 15 s: the shares still add up to all of them.
+            let n = &b.node[0];
+            let sum = [
+                n.cpu_user_pct,
+                n.cpu_system_pct,
+                n.cpu_iowait_pct,
+                n.cpu_idle_pct,
+            ]
+            .iter()
+            .map(|p| f64::from(p.unwrap_or(0.0)))
+            .sum::<f64>();
+            assert!((sum - 100.0).abs() < 0.01, "{sum}");
+        }
     }
 }

@@ -1,0 +1,154 @@
+//! `gputel-loadgen` against the real collector: it exits 0 only when every
+//! batch is acknowledged, its summary counts what was sent, and DuckDB finds
+//! every row exactly once.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use gputel_tests::{duckdb, duckdb_value, loadgen_bin, start_collector, table_scan};
+use serde_json::json;
+
+/// Runs the load generator against `addr` and returns its summary line.
+fn loadgen(addr: &str, args: &[&str]) -> String {
+    let out = Command::new(loadgen_bin())
+        .args(["--collector", &format!("http://{addr}"), "--timeout", "60s"])
+        .args(args)
+        .output()
+        .expect("run gputel-loadgen");
+    let stdout = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert!(
+        out.status.success(),
+        "gputel-loadgen {args:?} failed ({}): {stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(stdout.lines().count(), 1, "one summary line: {stdout}");
+    stdout
+}
+
+/// The summary's `key=value` for `key`.
+fn field<'a>(summary: &'a str, key: &str) -> &'a str {
+    summary
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+        .unwrap_or_else(|| panic!("no {key}= in {summary:?}"))
+}
+
+/// Rows of `table` per node whose name starts with `prefix`, and how many
+/// distinct keys they have.
+fn rows_and_keys(dir: &Path, store: &Path, table: &str, key: &str, prefix: &str) -> (u64, u64) {
+    let rows = duckdb(
+        dir,
+        &format!(
+            "select count(*) as n, count(distinct ({key})) as k from {} \
+             where starts_with(node, '{prefix}')",
+            table_scan(store, table)
+        ),
+    );
+    let n = rows[0]["n"].as_u64().expect("count");
+    let k = rows[0]["k"].as_u64().expect("count");
+    (n, k)
+}
+
+#[test]
+fn every_batch_is_acknowledged_and_stored_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let (collector, addr) = start_collector(&store, &["--flush-interval", "500ms"]);
+
+    // One stream per agent for the whole run.
+    let summary = loadgen(&addr, &["--agents", "4", "--gpus", "8", "--ticks", "50"]);
+    assert!(
+        summary.starts_with(
+            "agents=4 gpus=8 ticks=50 batches=200 acknowledged=200 rejected=0 dropped=0 \
+             rows: gpu=1600 node=200 ib=800 values=30200 elapsed_s="
+        ),
+        "{summary}"
+    );
+    // 200 batches of 8 × 13 + 11 + 4 × 9 metric values.
+    let elapsed: f64 = field(&summary, "elapsed_s").parse().unwrap();
+    let per_s: f64 = field(&summary, "values_per_s").parse().unwrap();
+    assert!(elapsed > 0.0 && per_s > 0.0, "{summary}");
+    assert!(
+        (per_s * elapsed - 30200.0).abs() < 0.01 * 30200.0 + per_s * 0.001,
+        "{summary}"
+    );
+
+    // Windows of 7 ticks, two agents at a time: each window is a new stream
+    // that continues the agent's sequence.
+    let windowed = loadgen(
+        &addr,
+        &[
+            "--agents",
+            "3",
+            "--gpus",
+            "2",
+            "--ticks",
+            "20",
+            "--window",
+            "7",
+            "--concurrency",
+            "2",
+            "--interval-ms",
+            "250",
+            "--node-prefix",
+            "windowed-",
+        ],
+    );
+    assert!(
+        windowed.starts_with(
+            "agents=3 gpus=2 ticks=20 batches=60 acknowledged=60 rejected=0 dropped=0 \
+             rows: gpu=120 node=60 ib=240 values=4380 elapsed_s="
+        ),
+        "{windowed}"
+    );
+
+    let stopped = collector.terminate(Duration::from_secs(30));
+    assert!(stopped.status.success(), "collector: {stopped:?}");
+
+    let dir = tmp.path();
+    assert_eq!(
+        rows_and_keys(dir, &store, "gpu", "node, gpu, ts", "loadgen-"),
+        (4 * 8 * 50, 4 * 8 * 50)
+    );
+    assert_eq!(
+        rows_and_keys(dir, &store, "node", "node, ts", "loadgen-"),
+        (4 * 50, 4 * 50)
+    );
+    assert_eq!(
+        rows_and_keys(dir, &store, "ib", "node, device, port, ts", "loadgen-"),
+        (4 * 4 * 50, 4 * 4 * 50)
+    );
+    assert_eq!(
+        rows_and_keys(dir, &store, "gpu", "node, gpu, ts", "windowed-"),
+        (3 * 2 * 20, 3 * 2 * 20)
+    );
+    assert_eq!(
+        rows_and_keys(dir, &store, "node", "node, ts", "windowed-"),
+        (3 * 20, 3 * 20)
+    );
+    // Node names and tick spacing as asked for.
+    assert_eq!(
+        duckdb_value(
+            dir,
+            &format!(
+                "select string_agg(distinct node, ',' order by node) from {} \
+                 where starts_with(node, 'loadgen-')",
+                table_scan(&store, "node")
+            )
+        ),
+        json!("loadgen-1,loadgen-2,loadgen-3,loadgen-4")
+    );
+    assert_eq!(
+        duckdb_value(
+            dir,
+            &format!(
+                "select count(distinct epoch_us(ts)) || ' ' || \
+                 (max(epoch_us(ts)) - min(epoch_us(ts))) from {} where node = 'windowed-2'",
+                table_scan(&store, "node")
+            )
+        ),
+        json!(format!("20 {}", 19 * 250_000))
+    );
+}
