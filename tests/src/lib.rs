@@ -328,3 +328,42 @@ pub fn promtool_check_metrics(text: &str) -> Vec<(String, String)> {
     );
     complaints
 }
+
+/// Asserts that the `gpu` table of `store` holds exactly `rows` rows and no
+/// (node, gpu, ts) twice: nothing lost, nothing doubled.
+pub fn assert_gpu_rows_exactly_once(dir: &Path, store: &Path, rows: u64) {
+    let scan = table_scan(store, "gpu");
+    assert_eq!(
+        duckdb_value(dir, &format!("select count(*) from {scan}")),
+        serde_json::json!(rows),
+        "rows in {scan}"
+    );
+    assert_eq!(
+        duckdb_value(
+            dir,
+            &format!("select count(*) from (select distinct node, gpu, ts from {scan})")
+        ),
+        serde_json::json!(rows),
+        "distinct (node, gpu, ts) in {scan}"
+    );
+}
+
+/// A collector on `127.0.0.1:port` writing to `store`, its log beside it,
+/// flushing every `flush_interval`; for tests that restart it on one port.
+pub fn collector_on(port: u16, store: &Path, flush_interval: &str) -> Running {
+    let mut cmd = Command::new(collector_bin());
+    cmd.args(["--listen", &format!("127.0.0.1:{port}"), "--store"])
+        .arg(store)
+        .arg("--wal-dir")
+        .arg(wal_dir_of(store))
+        .args(["--flush-interval", flush_interval]);
+    let mut collector = Running::spawn(cmd);
+    collector.wait_for_log("listening on ", Duration::from_secs(30));
+    collector
+}
+
+/// A port on 127.0.0.1 that nothing listens on (free when this returns).
+pub fn unused_port() -> u16 {
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    probe.local_addr().expect("local addr").port()
+}

@@ -1,38 +1,21 @@
 //! The collector killed with SIGKILL, three times, while the load generator's
 //! agents stream: afterwards every row is in Parquet exactly once.
 
-use std::net::TcpListener;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use gputel_tests::{Running, collector_bin, duckdb_value, loadgen_bin, table_scan, wal_dir_of};
-use serde_json::json;
+use gputel_tests::{Running, assert_gpu_rows_exactly_once, collector_on, loadgen_bin, unused_port};
 
 const AGENTS: u64 = 4;
 const GPUS: u64 = 8;
 const TICKS: u64 = 3000;
 
-fn collector_on(port: u16, store: &std::path::Path) -> Running {
-    let mut cmd = Command::new(collector_bin());
-    cmd.args(["--listen", &format!("127.0.0.1:{port}"), "--store"])
-        .arg(store)
-        .arg("--wal-dir")
-        .arg(wal_dir_of(store))
-        .args(["--flush-interval", "200ms"]);
-    let mut collector = Running::spawn(cmd);
-    collector.wait_for_log("listening on ", Duration::from_secs(30));
-    collector
-}
-
 #[test]
 fn three_sigkills_mid_stream_lose_and_double_nothing() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let store = tmp.path().join("store");
-    let port = {
-        let probe = TcpListener::bind("127.0.0.1:0").expect("bind");
-        probe.local_addr().expect("addr").port()
-    };
-    let mut collector = collector_on(port, &store);
+    let port = unused_port();
+    let mut collector = collector_on(port, &store, "200ms");
     let mut loadgen = Command::new(loadgen_bin());
     loadgen
         .args(["--collector", &format!("http://127.0.0.1:{port}")])
@@ -47,7 +30,7 @@ fn three_sigkills_mid_stream_lose_and_double_nothing() {
         collector.wait_for_log("flushed", Duration::from_secs(60));
         let killed = collector.signal("KILL", Duration::from_secs(10));
         assert!(!killed.status.success(), "kill {kill}");
-        collector = collector_on(port, &store);
+        collector = collector_on(port, &store, "200ms");
     }
     let out = loadgen.wait(Duration::from_secs(300));
     let summary = String::from_utf8_lossy(&out.stdout).trim().to_owned();
@@ -70,16 +53,5 @@ fn three_sigkills_mid_stream_lose_and_double_nothing() {
         started.elapsed()
     );
 
-    let scan = table_scan(&store, "gpu");
-    assert_eq!(
-        duckdb_value(tmp.path(), &format!("select count(*) from {scan}")),
-        json!(AGENTS * GPUS * TICKS)
-    );
-    assert_eq!(
-        duckdb_value(
-            tmp.path(),
-            &format!("select count(*) from (select distinct node, gpu, ts from {scan})")
-        ),
-        json!(AGENTS * GPUS * TICKS)
-    );
+    assert_gpu_rows_exactly_once(tmp.path(), &store, AGENTS * GPUS * TICKS);
 }

@@ -1,35 +1,21 @@
 //! The agent rides out a collector that starts late and restarts mid-run:
 //! every tick lands once.
 
-use std::net::TcpListener;
-use std::process::Command;
 use std::time::Duration;
 
-use gputel_tests::{Running, collector_bin, duckdb_value, fixture_agent, table_scan};
+use gputel_tests::{
+    Running, assert_gpu_rows_exactly_once, collector_on, duckdb_value, fixture_agent, table_scan,
+    unused_port,
+};
 use serde_json::json;
 
 const TICKS: u64 = 40;
-
-fn collector_on(port: u16, store: &std::path::Path) -> Running {
-    let mut cmd = Command::new(collector_bin());
-    cmd.args(["--listen", &format!("127.0.0.1:{port}"), "--store"])
-        .arg(store)
-        .arg("--wal-dir")
-        .arg(gputel_tests::wal_dir_of(store))
-        .args(["--flush-interval", "300ms"]);
-    let mut collector = Running::spawn(cmd);
-    collector.wait_for_log("listening on ", Duration::from_secs(30));
-    collector
-}
 
 #[test]
 fn a_late_and_restarting_collector_loses_and_doubles_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let store = tmp.path().join("store");
-    let port = {
-        let probe = TcpListener::bind("127.0.0.1:0").unwrap();
-        probe.local_addr().unwrap().port()
-    };
+    let port = unused_port();
 
     // The agent starts first, with nothing listening.
     let mut cmd = fixture_agent("gpu-node-042");
@@ -39,7 +25,7 @@ fn a_late_and_restarting_collector_loses_and_doubles_nothing() {
     let mut agent = Running::spawn(cmd);
     agent.wait_for_log("collector unreachable", Duration::from_secs(10));
 
-    let mut collector = collector_on(port, &store);
+    let mut collector = collector_on(port, &store, "300ms");
     collector.wait_for_log("flushed", Duration::from_secs(10));
     agent.wait_for_log("connected", Duration::from_secs(10));
     // A clean restart while the agent streams: what was written is
@@ -47,7 +33,7 @@ fn a_late_and_restarting_collector_loses_and_doubles_nothing() {
     let stopped = collector.terminate(Duration::from_secs(30));
     assert!(stopped.status.success());
     agent.wait_for_log("stream lost; reconnecting", Duration::from_secs(10));
-    let collector = collector_on(port, &store);
+    let collector = collector_on(port, &store, "300ms");
 
     let agent = agent.wait(Duration::from_secs(60));
     let summary = String::from_utf8_lossy(&agent.stdout).trim().to_owned();
@@ -65,18 +51,7 @@ fn a_late_and_restarting_collector_loses_and_doubles_nothing() {
             .success()
     );
 
-    let scan = table_scan(&store, "gpu");
-    assert_eq!(
-        duckdb_value(tmp.path(), &format!("select count(*) from {scan}")),
-        json!(TICKS * 8)
-    );
-    assert_eq!(
-        duckdb_value(
-            tmp.path(),
-            &format!("select count(*) from (select distinct node, gpu, ts from {scan})")
-        ),
-        json!(TICKS * 8)
-    );
+    assert_gpu_rows_exactly_once(tmp.path(), &store, TICKS * 8);
     assert_eq!(
         duckdb_value(
             tmp.path(),
@@ -90,11 +65,8 @@ fn a_late_and_restarting_collector_loses_and_doubles_nothing() {
 fn a_collector_killed_mid_stream_loses_and_doubles_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let store = tmp.path().join("store");
-    let port = {
-        let probe = TcpListener::bind("127.0.0.1:0").unwrap();
-        probe.local_addr().unwrap().port()
-    };
-    let mut collector = collector_on(port, &store);
+    let port = unused_port();
+    let mut collector = collector_on(port, &store, "300ms");
     let mut cmd = fixture_agent("gpu-node-043");
     cmd.args(["--collector", &format!("http://127.0.0.1:{port}")])
         .args(["--interval", "100ms", "--ticks", &TICKS.to_string()])
@@ -106,7 +78,7 @@ fn a_collector_killed_mid_stream_loses_and_doubles_nothing() {
     let killed = collector.signal("KILL", Duration::from_secs(10));
     assert!(!killed.status.success());
     agent.wait_for_log("stream lost; reconnecting", Duration::from_secs(10));
-    let mut collector = collector_on(port, &store);
+    let mut collector = collector_on(port, &store, "300ms");
     // The same store and log: the replay is written before agents connect.
     let agent = agent.wait(Duration::from_secs(60));
     let summary = String::from_utf8_lossy(&agent.stdout).trim().to_owned();
@@ -125,16 +97,5 @@ fn a_collector_killed_mid_stream_loses_and_doubles_nothing() {
             .success()
     );
 
-    let scan = table_scan(&store, "gpu");
-    assert_eq!(
-        duckdb_value(tmp.path(), &format!("select count(*) from {scan}")),
-        json!(TICKS * 8)
-    );
-    assert_eq!(
-        duckdb_value(
-            tmp.path(),
-            &format!("select count(*) from (select distinct node, gpu, ts from {scan})")
-        ),
-        json!(TICKS * 8)
-    );
+    assert_gpu_rows_exactly_once(tmp.path(), &store, TICKS * 8);
 }

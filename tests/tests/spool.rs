@@ -2,10 +2,12 @@
 //! exactly once when it is back, even across an agent restart; a full spool
 //! drops the oldest, says so, and the newest still arrive.
 
-use std::net::TcpListener;
 use std::time::Duration;
 
-use gputel_tests::{Running, duckdb_value, fixture_agent, start_collector, table_scan};
+use gputel_tests::{
+    Running, assert_gpu_rows_exactly_once, duckdb_value, fixture_agent, start_collector,
+    table_scan, unused_port,
+};
 use serde_json::json;
 
 fn field(summary: &str, key: &str) -> u64 {
@@ -14,11 +16,6 @@ fn field(summary: &str, key: &str) -> u64 {
         .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no {key}= in {summary:?}"))
-}
-
-fn unused_port() -> u16 {
-    let probe = TcpListener::bind("127.0.0.1:0").expect("bind");
-    probe.local_addr().expect("addr").port()
 }
 
 /// Runs an agent with `spool` for `ticks` ticks against `collector`, waiting
@@ -67,18 +64,7 @@ fn an_outage_and_an_agent_restart_lose_and_double_nothing() {
             .success()
     );
 
-    let scan = table_scan(&store, "gpu");
-    assert_eq!(
-        duckdb_value(tmp.path(), &format!("select count(*) from {scan}")),
-        json!(25 * 8)
-    );
-    assert_eq!(
-        duckdb_value(
-            tmp.path(),
-            &format!("select count(*) from (select distinct node, gpu, ts from {scan})")
-        ),
-        json!(25 * 8)
-    );
+    assert_gpu_rows_exactly_once(tmp.path(), &store, 25 * 8);
 }
 
 #[test]
