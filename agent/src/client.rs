@@ -111,6 +111,8 @@ async fn run_queue(
             Ok((tx, responses, durable)) => {
                 backoff = new_backoff();
                 queue.acknowledge(durable);
+                // A new stream resends from the lowest unacknowledged batch.
+                queue.from_disk.clear();
                 info!(collector = %endpoint.uri(), durable_seq = durable, pending = queue.len(), "connected");
                 let ended = stream(
                     tx,
@@ -297,7 +299,7 @@ impl Queue {
     /// Batches not yet acknowledged.
     fn len(&self) -> usize {
         match &self.spool {
-            Some(spool) => spool.len() as usize,
+            Some(spool) => (spool.len() as usize).max(self.batches.len()),
             None => self.batches.len(),
         }
     }
@@ -306,14 +308,13 @@ impl Queue {
         self.len() == 0
     }
 
-    /// The newest unacknowledged sequence number.
+    /// The newest unacknowledged sequence number (a batch the spool could
+    /// not take is in memory only).
     fn last_seq(&self) -> Option<u64> {
-        if self.is_empty() {
-            return None;
-        }
+        let in_memory = self.batches.back().map(|b| b.seq);
         match &self.spool {
-            Some(spool) => Some(spool.next_seq() - 1),
-            None => self.batches.back().map(|b| b.seq),
+            Some(spool) if !spool.is_empty() => in_memory.max(Some(spool.next_seq() - 1)),
+            _ => in_memory,
         }
     }
 
@@ -501,5 +502,23 @@ mod tests {
         assert_eq!(q.last_seq(), Some(5));
         q.acknowledge(5);
         assert!(q.is_empty());
+    }
+
+    /// A stream lost while resending from disk: the next stream starts again
+    /// from the lowest unacknowledged batch, not from what was read ahead.
+    #[test]
+    fn a_new_stream_resends_from_the_first_unacknowledged_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let spool = Spool::open(dir.path(), 1 << 20).unwrap();
+        let mut q = Queue::new(2, Some(spool));
+        for seq in 1..=6 {
+            q.push(batch(seq));
+        }
+        assert_eq!(q.next_from(0).map(|b| b.seq), Some(1));
+        assert_eq!(q.next_from(2).map(|b| b.seq), Some(2));
+        // The collector had 1 when the stream broke.
+        q.acknowledge(1);
+        q.from_disk.clear();
+        assert_eq!(q.next_from(0).map(|b| b.seq), Some(2));
     }
 }

@@ -109,8 +109,24 @@ impl Spool {
         }
         segments.sort_by_key(|s| s.first_seq);
         let mut segments: VecDeque<Segment> = segments.into();
-        // Always write to a fresh segment: the last one may end in a torn batch.
-        let next = segments.back().map_or(1, |s| s.last_seq + 1);
+        // Write to a fresh segment: the last one may end in a torn batch. A
+        // last segment without a whole batch is emptied and written again
+        // instead, so one file is never listed twice.
+        let reuse = segments.back().is_some_and(|s| s.batches == 0);
+        let next = if reuse {
+            segments.back().map_or(1, |s| s.first_seq)
+        } else {
+            segments.back().map_or(1, |s| s.last_seq + 1)
+        };
+        if reuse {
+            let path = segment_path(dir, next);
+            OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .and_then(|f| f.set_len(0))
+                .map_err(err(&path))?;
+            segments.pop_back();
+        }
         let file = create_segment(dir, next)?;
         segments.push_back(Segment {
             first_seq: next,
@@ -173,7 +189,12 @@ impl Spool {
         framed.extend_from_slice(&payload);
         let current = self.segments.back().map_or(1, |s| s.first_seq);
         let path = segment_path(&self.dir, current);
-        self.file.write_all(&framed).map_err(err(&path))?;
+        if let Err(e) = self.file.write_all(&framed) {
+            // Cut a partial write off, so later batches never follow a torn one.
+            let written = self.segments.back().map_or(0, |s| s.bytes);
+            let _ = self.file.set_len(written);
+            return Err(err(&path)(e));
+        }
         if let Some(segment) = self.segments.back_mut() {
             segment.last_seq = batch.seq;
             segment.batches += 1;
@@ -391,5 +412,42 @@ mod tests {
         let spool = Spool::open(dir.path(), 1 << 20).unwrap();
         assert_eq!(seqs(&spool.read_from(0, 10).unwrap()), [1]);
         assert_eq!(spool.next_seq(), 2);
+    }
+}
+
+#[cfg(test)]
+mod restart_tests {
+    use super::*;
+
+    /// Two restarts with nothing written in between: the empty last segment
+    /// is reused, never listed twice, and acknowledging never deletes the
+    /// segment being written.
+    #[test]
+    fn restarts_without_batches_keep_one_current_segment() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spool = Spool::open(dir.path(), 1 << 20).unwrap();
+        for seq in 1..=3 {
+            spool
+                .append(&Batch {
+                    seq,
+                    ..Batch::default()
+                })
+                .unwrap();
+        }
+        drop(spool);
+        drop(Spool::open(dir.path(), 1 << 20).unwrap());
+        let mut spool = Spool::open(dir.path(), 1 << 20).unwrap();
+        assert_eq!(spool.next_seq(), 4);
+        spool.acknowledge(3).unwrap();
+        spool
+            .append(&Batch {
+                seq: 4,
+                ..Batch::default()
+            })
+            .unwrap();
+        drop(spool);
+        let spool = Spool::open(dir.path(), 1 << 20).unwrap();
+        assert_eq!(spool.next_seq(), 5);
+        assert_eq!(spool.read_from(0, 10).unwrap().len(), 1);
     }
 }

@@ -121,6 +121,8 @@ impl Flusher {
             files,
             segments: taken.segments,
         });
+        // Count these rows as held from now on, not only once a write ends.
+        self.shared.set_unwritten_rows(self.pending_rows());
         Ok(())
     }
 

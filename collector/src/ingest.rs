@@ -167,7 +167,8 @@ impl Shared {
         let state = &mut *guard;
         let closed = state.wal.rotate()?;
         let synced = std::mem::take(&mut state.unsynced);
-        acknowledge(&mut state.agents, synced);
+        acknowledge(&mut state.agents, &mut state.wal, synced);
+        state.segments.extend(state.wal.take_closed_on_error());
         state.segments.push(closed);
         let segments = std::mem::take(&mut state.segments);
         let first = segments.iter().min().copied().unwrap_or(closed);
@@ -229,7 +230,7 @@ impl Shared {
                 let state = &mut *guard;
                 match result {
                     Ok(()) => {
-                        acknowledge(&mut state.agents, synced);
+                        acknowledge(&mut state.agents, &mut state.wal, synced);
                         false
                     }
                     Err(e) => {
@@ -272,9 +273,15 @@ fn max_ts(batch: &gputel_proto::Batch) -> i64 {
         .unwrap_or(0)
 }
 
-/// Marks these sequences durable and tells the connected agents.
-fn acknowledge(agents: &mut HashMap<String, AgentState>, synced: HashMap<String, u64>) {
+/// Marks these sequences durable (in memory and for the log's state file)
+/// and tells the connected agents.
+fn acknowledge(
+    agents: &mut HashMap<String, AgentState>,
+    wal: &mut Wal,
+    synced: HashMap<String, u64>,
+) {
     for (agent_id, seq) in synced {
+        wal.note_durable(&agent_id, seq);
         let Some(agent) = agents.get_mut(&agent_id) else {
             continue;
         };

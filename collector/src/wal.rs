@@ -75,6 +75,11 @@ pub struct Wal {
     file: File,
     /// A second handle on it, for syncing without the caller's lock.
     sync_handle: File,
+    /// Bytes of whole records in the current segment.
+    written: u64,
+    /// Segments closed because a write failed; their records are in the
+    /// buffer and must be released with it.
+    closed_on_error: Vec<u64>,
     dirty: bool,
 }
 
@@ -118,6 +123,8 @@ impl Wal {
             segment: next,
             file,
             sync_handle,
+            written: 0,
+            closed_on_error: Vec::new(),
             dirty: false,
         };
         for record in &replayed.records {
@@ -145,10 +152,10 @@ impl Wal {
         self.segment
     }
 
-    /// Appends a record; durable only after the next [`Wal::sync`].
+    /// Appends a record; durable only after the next [`Wal::sync`], which
+    /// the caller then reports with [`Wal::note_durable`].
     pub fn append(&mut self, record: &WalRecord) -> Result<(), WalError> {
-        let seq = record.batch.as_ref().map_or(0, |b| b.seq);
-        self.append_payload(&record.agent_id, seq, &record.encode_to_vec())
+        self.append_payload(&record.encode_to_vec())
     }
 
     /// Appends an agent's batch as a record, without copying the batch.
@@ -166,10 +173,10 @@ impl Wal {
             payload.extend_from_slice(bytes);
         }
         prost::encoding::message::encode(3, batch, &mut payload);
-        self.append_payload(agent_id, batch.seq, &payload)
+        self.append_payload(&payload)
     }
 
-    fn append_payload(&mut self, agent_id: &str, seq: u64, payload: &[u8]) -> Result<(), WalError> {
+    fn append_payload(&mut self, payload: &[u8]) -> Result<(), WalError> {
         let path = segment_path(&self.dir, self.segment);
         let len = u32::try_from(payload.len()).map_err(|_| WalError::Corrupt {
             path: path.clone(),
@@ -181,15 +188,20 @@ impl Wal {
         framed.extend_from_slice(&XxHash64::oneshot(0, payload).to_le_bytes());
         framed.extend_from_slice(payload);
         if let Err(e) = self.file.write_all(&framed) {
-            // The record may be torn at the end of this segment; later records
-            // go to a fresh one, so a torn record is only ever a segment's tail.
-            if let Err(rotate) = self.rotate() {
-                tracing::error!(error = %rotate, "cannot start a new log segment either");
+            // Cut the partial record off, so no later record follows a torn
+            // one; should that fail too, later records go to a fresh segment.
+            if self.file.set_len(self.written).is_err() {
+                match self.rotate() {
+                    Ok(closed) => self.closed_on_error.push(closed),
+                    Err(rotate) => {
+                        tracing::error!(error = %rotate, "cannot start a new log segment either");
+                    }
+                }
             }
             return Err(io(&path)(e));
         }
+        self.written += framed.len() as u64;
         self.dirty = true;
-        self.note_durable(agent_id, seq);
         Ok(())
     }
 
@@ -228,6 +240,7 @@ impl Wal {
         self.segment = closed + 1;
         self.file = file;
         self.sync_handle = sync_handle;
+        self.written = 0;
         Ok(closed)
     }
 
@@ -249,7 +262,14 @@ impl Wal {
         Ok(())
     }
 
-    fn note_durable(&mut self, agent_id: &str, seq: u64) {
+    /// Segments closed after a failed write since the last call.
+    pub fn take_closed_on_error(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.closed_on_error)
+    }
+
+    /// Records that `seq` of `agent_id` is synced: only synced sequences are
+    /// saved in the state file.
+    pub fn note_durable(&mut self, agent_id: &str, seq: u64) {
         let durable = self.state.durable.entry(agent_id.to_owned()).or_default();
         *durable = (*durable).max(seq);
     }
@@ -434,6 +454,24 @@ mod tests {
             "{} after {closed}",
             wal.segment()
         );
+    }
+
+    /// Only what the caller reported synced is saved as durable: a record
+    /// appended but not synced must not be announced to its agent.
+    #[test]
+    fn the_state_file_holds_only_synced_sequences() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut wal, _) = Wal::open(dir.path()).unwrap();
+        wal.append(&record("a", 1)).unwrap();
+        wal.sync().unwrap();
+        wal.note_durable("a", 1);
+        let closed = wal.rotate().unwrap();
+        wal.append(&record("a", 2)).unwrap();
+        assert_eq!(wal.durable()["a"], 1);
+        wal.release(&[closed]).unwrap();
+        let state =
+            WalState::decode(fs::read(dir.path().join(STATE_FILE)).unwrap().as_slice()).unwrap();
+        assert_eq!(state.durable["a"], 1);
     }
 
     #[test]
