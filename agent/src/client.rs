@@ -296,10 +296,15 @@ impl Queue {
         }
     }
 
-    /// Batches not yet acknowledged.
+    /// Batches not yet acknowledged: the spooled ones, and any the spool
+    /// could not take, which are in memory only.
     fn len(&self) -> usize {
         match &self.spool {
-            Some(spool) => (spool.len() as usize).max(self.batches.len()),
+            Some(spool) => {
+                let spooled_last = spool.next_seq() - 1;
+                let memory_only = self.batches.iter().filter(|b| b.seq > spooled_last).count();
+                spool.len() as usize + memory_only
+            }
             None => self.batches.len(),
         }
     }
@@ -361,6 +366,10 @@ impl Queue {
                 Ok(dropped) => {
                     spooled = true;
                     if dropped > 0 {
+                        // Gone from disk means gone: memory must not resend them.
+                        if let Some(first) = spool.first_seq() {
+                            self.batches.retain(|b| b.seq >= first);
+                        }
                         self.delivery.dropped += dropped;
                         warn!(
                             dropped,
