@@ -217,6 +217,14 @@ impl Config {
                 "flush-interval must be above zero".into(),
             ));
         }
+        // Every accepted message must fit one log record, with room for its
+        // agent id and node name.
+        let max_message = crate::wal::MAX_RECORD_BYTES - 1024 * 1024;
+        if config.max_message_bytes > max_message {
+            return Err(ConfigError::Invalid(format!(
+                "max-message-bytes must be at most {max_message} (63 MiB)"
+            )));
+        }
         if config.flush_rows == 0 {
             return Err(ConfigError::Invalid("flush-rows must be above zero".into()));
         }

@@ -24,8 +24,9 @@ use prost::Message;
 use prost::encoding::{WireType, encode_key, encode_varint};
 use twox_hash::XxHash64;
 
-/// Largest record accepted on replay; anything bigger is corruption.
-const MAX_RECORD_BYTES: usize = 64 * 1024 * 1024;
+/// Largest record accepted on replay; anything bigger is corruption. The
+/// collector's `--max-message-bytes` is capped below it.
+pub const MAX_RECORD_BYTES: usize = 64 * 1024 * 1024;
 const HEADER_BYTES: usize = 12;
 const STATE_FILE: &str = "state.pb";
 
@@ -335,12 +336,6 @@ fn read_segment(path: &Path, last: bool, out: &mut Vec<WalRecord>) -> Result<u64
     let mut offset = 0usize;
     while offset < bytes.len() {
         let rest = &bytes[offset..];
-        let at = offset as u64;
-        let torn = |reason: &str| WalError::Corrupt {
-            path: path.to_owned(),
-            offset: at,
-            reason: reason.to_owned(),
-        };
         let problem = if rest.len() < HEADER_BYTES {
             Some("short record header")
         } else {
@@ -355,10 +350,14 @@ fn read_segment(path: &Path, last: bool, out: &mut Vec<WalRecord>) -> Result<u64
                 if XxHash64::oneshot(0, payload) != hash {
                     Some("checksum mismatch")
                 } else {
-                    let record = WalRecord::decode(payload).map_err(|e| torn(&e.to_string()))?;
-                    out.push(record);
-                    offset += HEADER_BYTES + len;
-                    None
+                    match WalRecord::decode(payload) {
+                        Ok(record) => {
+                            out.push(record);
+                            offset += HEADER_BYTES + len;
+                            None
+                        }
+                        Err(_) => Some("record does not decode"),
+                    }
                 }
             }
         };
