@@ -75,7 +75,15 @@ struct AgentState {
     /// Highest sequence synced to the log, and so acknowledged.
     durable: u64,
     session: Option<(u64, Outbound)>,
+    /// When the agent last connected or sent, by the collector's clock.
+    last_seen_us: i64,
 }
+
+/// How long an agent id is remembered after its last batch. Agents without a
+/// spool take a new id at every start, so the map would otherwise only grow;
+/// an agent with a spool that comes back later resends only what was never
+/// acknowledged, which is new to the collector anyway.
+const AGENT_RETENTION_US: i64 = 7 * 24 * 3600 * 1_000_000;
 
 /// What the persister takes in one go: the rows, the log segments that hold
 /// them (to release once the rows are stored), and the name their files get.
@@ -111,6 +119,8 @@ impl Shared {
                     received: seq,
                     durable: seq,
                     session: None,
+                    // Remembered for a full retention period after a restart.
+                    last_seen_us: clock.now_us(),
                 };
                 (id.clone(), agent)
             })
@@ -168,6 +178,17 @@ impl Shared {
         let closed = state.wal.rotate()?;
         let synced = std::mem::take(&mut state.unsynced);
         acknowledge(&mut state.agents, &mut state.wal, synced);
+        let cutoff = self.clock.now_us().saturating_sub(AGENT_RETENTION_US);
+        let forgotten: Vec<String> = state
+            .agents
+            .iter()
+            .filter(|(_, a)| a.session.is_none() && a.last_seen_us < cutoff)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &forgotten {
+            state.agents.remove(id);
+            state.wal.forget(id);
+        }
         state.segments.extend(state.wal.take_closed_on_error());
         state.segments.push(closed);
         let segments = std::mem::take(&mut state.segments);
@@ -187,6 +208,14 @@ impl Shared {
     /// Rows buffered now.
     pub fn buffered_rows(&self) -> usize {
         self.lock().buffer.rows()
+    }
+
+    /// Whether an agent id has a stream open now.
+    pub fn has_session(&self, agent_id: &str) -> bool {
+        self.lock()
+            .agents
+            .get(agent_id)
+            .is_some_and(|a| a.session.is_some())
     }
 
     /// The flush loop reports the rows it holds whose files are not written.
@@ -372,6 +401,7 @@ impl Session {
             let mut state = self.shared.lock();
             let agent = state.agents.entry(hello.agent_id.clone()).or_default();
             agent.session = Some((self.id, self.tx.clone()));
+            agent.last_seen_us = self.shared.clock.now_us();
             agent.durable
         };
         info!(peer = %self.peer, node = %hello.node, agent_id = %hello.agent_id, version = %hello.agent_version, durable_seq = durable, "agent connected");
@@ -448,6 +478,7 @@ impl Session {
             let mut guard = shared.lock();
             let state = &mut *guard;
             let agent = state.agents.entry(agent_id.to_owned()).or_default();
+            agent.last_seen_us = shared.clock.now_us();
             if batch.seq <= agent.received {
                 let durable = (batch.seq <= agent.durable).then_some(agent.durable);
                 (Some(durable), false)

@@ -263,6 +263,12 @@ impl Wal {
         Ok(())
     }
 
+    /// Forgets an agent's durable sequence (it has been quiet for long); saved
+    /// with the next state file.
+    pub fn forget(&mut self, agent_id: &str) {
+        self.state.durable.remove(agent_id);
+    }
+
     /// Segments closed after a failed write since the last call.
     pub fn take_closed_on_error(&mut self) -> Vec<u64> {
         std::mem::take(&mut self.closed_on_error)

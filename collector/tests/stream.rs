@@ -62,6 +62,8 @@ struct Collector {
     serving: Serving,
     dir: TempDir,
     shared: Arc<Shared>,
+    /// The collector's clock, microseconds since the epoch.
+    now: Arc<AtomicI64>,
 }
 
 impl Collector {
@@ -77,7 +79,8 @@ impl Collector {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = gputel_collector::store::open(dir.path().to_str().expect("utf-8 temp path"))
             .expect("open store");
-        let clock = Clock::Manual(Arc::new(AtomicI64::new(NOW)));
+        let now = Arc::new(AtomicI64::new(NOW));
+        let clock = Clock::Manual(Arc::clone(&now));
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let options = ServeOptions {
             flush_interval: NEVER,
@@ -95,6 +98,7 @@ impl Collector {
             serving,
             dir,
             shared,
+            now,
         }
     }
 
@@ -710,5 +714,32 @@ async fn batches_are_refused_while_too_many_rows_wait_for_the_store() {
     collector
         .expect_stored(expected_rows("node-a", &[(1, 1), (2, 1), (3, 1)]))
         .await;
+    collector.stop_serving().await;
+}
+
+/// Agent ids quiet for more than a week are forgotten, so a collector that
+/// sees a new id at every agent start does not grow without bound.
+#[tokio::test]
+async fn agent_ids_quiet_for_a_week_are_forgotten() {
+    let mut collector = Collector::start(1, gputel_proto::DEFAULT_MAX_MESSAGE_BYTES).await;
+    let (mut agent, _) = Agent::connect(collector.channel().await, "node-a", "agent-a").await;
+    agent.send_batch(gpu_batch(1, 1)).await;
+    agent.expect_ack(1).await;
+    agent.close().await;
+    let (again, hello) = Agent::connect(collector.channel().await, "node-a", "agent-a").await;
+    assert_eq!(hello, welcome(1));
+    again.close().await;
+    let shared = Arc::clone(&collector.shared);
+    wait_until("the session is gone", || !shared.has_session("agent-a")).await;
+
+    collector
+        .now
+        .fetch_add(8 * 24 * 3600 * 1_000_000, Ordering::SeqCst);
+    // The next flush forgets it.
+    collector.stop_flushing().await;
+    let (_, hello) = Agent::connect(collector.channel().await, "node-a", "agent-b").await;
+    assert_eq!(hello, welcome(0));
+    let (_, hello) = Agent::connect(collector.channel().await, "node-a", "agent-a").await;
+    assert_eq!(hello, welcome(0));
     collector.stop_serving().await;
 }
