@@ -100,11 +100,18 @@ impl Wal {
                 collector_id: uuid::Uuid::new_v4().simple().to_string()[..12].to_owned(),
                 durable: HashMap::new(),
                 next_segment: 1,
+                released_through: 0,
             },
             Err(e) => return Err(io(&state_path)(e)),
         };
         let mut segments = list_segments(dir)?;
         segments.sort_unstable();
+        // Released before a crash cut their deletion short: already stored.
+        for segment in segments.iter().filter(|s| **s <= state.released_through) {
+            let path = segment_path(dir, *segment);
+            fs::remove_file(&path).map_err(io(&path))?;
+        }
+        segments.retain(|s| *s > state.released_through);
         let mut replayed = Replayed::default();
         for (i, &segment) in segments.iter().enumerate() {
             let last = i + 1 == segments.len();
@@ -248,6 +255,9 @@ impl Wal {
     /// Saves the durable sequence numbers, then deletes the given closed
     /// segments: their rows are in the store.
     pub fn release(&mut self, segments: &[u64]) -> Result<(), WalError> {
+        if let Some(&last) = segments.iter().filter(|s| **s < self.segment).max() {
+            self.state.released_through = self.state.released_through.max(last);
+        }
         self.save_state()?;
         for &segment in segments {
             if segment >= self.segment {
@@ -477,6 +487,25 @@ mod tests {
         let state =
             WalState::decode(fs::read(dir.path().join(STATE_FILE)).unwrap().as_slice()).unwrap();
         assert_eq!(state.durable["a"], 1);
+    }
+
+    /// A crash between saving the state and deleting the released segments
+    /// must not replay them (their rows are stored; a replay under another
+    /// file name would store them twice).
+    #[test]
+    fn released_segments_left_on_disk_are_not_replayed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut wal, _) = Wal::open(dir.path()).unwrap();
+        wal.append(&record("a", 1)).unwrap();
+        let first = wal.rotate().unwrap();
+        let kept = fs::read(segment_path(dir.path(), first)).unwrap();
+        wal.release(&[first]).unwrap();
+        drop(wal);
+        // As if the deletion had not happened.
+        fs::write(segment_path(dir.path(), first), kept).unwrap();
+        let (_, replayed) = Wal::open(dir.path()).unwrap();
+        assert!(replayed.records.is_empty());
+        assert!(!segment_path(dir.path(), first).exists());
     }
 
     #[test]
