@@ -254,28 +254,22 @@ impl Shared {
                     .unwrap_or_else(|e| Err(std::io::Error::other(e))),
                 None => Ok(()),
             };
-            let failed = {
+            {
                 let mut guard = self.lock();
                 let state = &mut *guard;
                 match result {
-                    Ok(()) => {
-                        acknowledge(&mut state.agents, &mut state.wal, synced);
-                        false
-                    }
+                    Ok(()) => acknowledge(&mut state.agents, &mut state.wal, synced),
                     Err(e) => {
-                        error!(error = %e, "cannot sync the log; nothing is acknowledged until it works");
-                        for (agent, seq) in synced {
-                            let pending = state.unsynced.entry(agent).or_default();
-                            *pending = (*pending).max(seq);
-                        }
-                        state.wal.mark_dirty();
-                        true
+                        // After a failed fsync the kernel may have dropped the
+                        // dirty pages and a retry can "succeed" without them,
+                        // so nothing synced since the last success can be
+                        // trusted. Stop: at restart the log replays what is
+                        // really on disk, and agents resend the rest, which
+                        // was never acknowledged.
+                        error!(error = %e, "cannot sync the write-ahead log; stopping so that nothing unsynced is acknowledged");
+                        std::process::exit(EXIT_LOG_SYNC_FAILED);
                     }
                 }
-            };
-            if failed {
-                tokio::time::sleep(SYNC_RETRY).await;
-                self.sync_wanted.notify_one();
             }
         }
     }
@@ -285,6 +279,9 @@ impl Shared {
         self.draining.store(true, Ordering::SeqCst);
     }
 }
+
+/// The collector's exit status when the log cannot be synced (EX_IOERR).
+const EXIT_LOG_SYNC_FAILED: i32 = 74;
 
 /// How long to wait before retrying a failed log write or sync.
 const SYNC_RETRY: Duration = Duration::from_millis(200);

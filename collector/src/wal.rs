@@ -234,11 +234,6 @@ impl Wal {
         Ok(Some(handle))
     }
 
-    /// A sync prepared with [`Wal::prepare_sync`] failed: the next must redo it.
-    pub fn mark_dirty(&mut self) {
-        self.dirty = true;
-    }
-
     /// Syncs and closes the current segment and starts the next; returns the
     /// closed segment's number.
     pub fn rotate(&mut self) -> Result<u64, WalError> {
