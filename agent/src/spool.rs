@@ -11,9 +11,9 @@
 //! Memory stays bounded: the spool keeps only segment metadata; the sender
 //! reads batches back from disk as it resends them. Past `max_bytes` the
 //! oldest segment is deleted and its batches counted as dropped.
-//! Writes are not fsynced one by one: a spooled batch survives the agent's
-//! restart or crash (the kernel holds the page), not a power cut before the
-//! next segment switch.
+//! Every batch is synced to disk before it is sent (one fsync a tick), so a
+//! sequence number the collector has acknowledged is never handed out again,
+//! even after a power cut or a kernel panic on the node.
 
 use std::collections::VecDeque;
 use std::fs::{self, File, OpenOptions};
@@ -79,7 +79,13 @@ impl Spool {
             Ok(id) if !id.trim().is_empty() => id.trim().to_owned(),
             _ => {
                 let id = uuid::Uuid::new_v4().to_string();
-                fs::write(&id_path, format!("{id}\n")).map_err(err(&id_path))?;
+                File::create(&id_path)
+                    .and_then(|mut f| {
+                        f.write_all(format!("{id}\n").as_bytes())?;
+                        f.sync_all()
+                    })
+                    .and_then(|()| File::open(dir)?.sync_all())
+                    .map_err(err(&id_path))?;
                 id
             }
         };
@@ -189,7 +195,11 @@ impl Spool {
         framed.extend_from_slice(&payload);
         let current = self.segments.back().map_or(1, |s| s.first_seq);
         let path = segment_path(&self.dir, current);
-        if let Err(e) = self.file.write_all(&framed) {
+        if let Err(e) = self
+            .file
+            .write_all(&framed)
+            .and_then(|()| self.file.sync_data())
+        {
             // Cut a partial write off, so later batches never follow a torn one.
             let written = self.segments.back().map_or(0, |s| s.bytes);
             let _ = self.file.set_len(written);
@@ -280,11 +290,16 @@ fn segment_path(dir: &Path, first_seq: u64) -> PathBuf {
 
 fn create_segment(dir: &Path, first_seq: u64) -> Result<File, SpoolError> {
     let path = segment_path(dir, first_seq);
-    OpenOptions::new()
+    let file = OpenOptions::new()
         .create(true)
         .append(true)
         .open(&path)
-        .map_err(err(&path))
+        .map_err(err(&path))?;
+    // The new name must outlive a power cut as well as its contents.
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(err(dir))?;
+    Ok(file)
 }
 
 /// A segment's batches; a torn or damaged tail (a crash mid-write) ends it.
