@@ -88,6 +88,23 @@ pub struct Settings {
     /// the jobs found from the GPUs' processes [default: none].
     #[arg(long, value_name = "DIR")]
     pub hpc_job_mapping_dir: Option<PathBuf>,
+    /// PEM CA that signs the collector's certificate (with an https:// collector).
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
+    /// PEM certificate the agent presents; it must name this node.
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+    /// Name the collector's certificate is checked against [default: the
+    /// collector URL's host].
+    #[arg(long, value_name = "NAME")]
+    pub tls_server_name: Option<String>,
+    /// Stream to an http:// collector without TLS. For loopback development only.
+    #[arg(long)]
+    #[serde(default)]
+    pub plaintext: bool,
     /// Log filter, as in RUST_LOG (e.g. "info", "gputel_agent=debug") [default: info].
     #[arg(long, value_name = "FILTER")]
     pub log: Option<String>,
@@ -116,6 +133,12 @@ impl Settings {
             hpc_job_mapping_dir: self.hpc_job_mapping_dir.or(other.hpc_job_mapping_dir),
             log: self.log.or(other.log),
             metrics_listen: self.metrics_listen.or(other.metrics_listen),
+            // A flag overrides the file: --plaintext sets the file's TLS aside.
+            tls_ca: self.tls_ca.or(other.tls_ca.filter(|_| !self.plaintext)),
+            tls_cert: self.tls_cert.or(other.tls_cert.filter(|_| !self.plaintext)),
+            tls_key: self.tls_key.or(other.tls_key.filter(|_| !self.plaintext)),
+            tls_server_name: self.tls_server_name.or(other.tls_server_name),
+            plaintext: self.plaintext || other.plaintext,
         }
     }
 }
@@ -138,6 +161,17 @@ pub struct Config {
     pub log: String,
     /// Where to serve `/metrics`; None: not served.
     pub metrics_listen: Option<SocketAddr>,
+    /// Mutual TLS, or None for a plaintext http:// collector.
+    pub tls: Option<TlsFiles>,
+}
+
+/// The PEM files of the agent's mutual TLS.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub server_name: Option<String>,
 }
 
 /// Why the configuration could not be loaded.
@@ -178,7 +212,7 @@ impl Config {
             Some(node) => node,
             None => hostname(&procfs_root)?,
         };
-        let config = Config {
+        let mut config = Config {
             collector: s.collector.unwrap_or_else(|| DEFAULT_COLLECTOR.to_owned()),
             interval: s.interval.unwrap_or(Duration::from_secs(1)),
             node,
@@ -193,6 +227,32 @@ impl Config {
             hpc_job_mapping_dir: s.hpc_job_mapping_dir,
             log: s.log.unwrap_or_else(|| "info".to_owned()),
             metrics_listen: s.metrics_listen,
+            tls: None,
+        };
+        let https = config.collector.starts_with("https://");
+        config.tls = match (s.tls_ca, s.tls_cert, s.tls_key, https, s.plaintext) {
+            // --once never talks to the collector.
+            _ if cli.once => None,
+            (Some(ca), Some(cert), Some(key), true, false) => Some(TlsFiles {
+                ca,
+                cert,
+                key,
+                server_name: s.tls_server_name,
+            }),
+            (None, None, None, false, true) => None,
+            (_, _, _, true, _) => {
+                return Err(ConfigError::Invalid(
+                    "an https:// collector needs tls-ca, tls-cert and tls-key (and no plaintext)"
+                        .into(),
+                ));
+            }
+            _ => {
+                return Err(ConfigError::Invalid(format!(
+                    "collector {} is plaintext: use https:// with tls-ca, tls-cert and tls-key, \
+                     or pass plaintext for loopback development",
+                    config.collector
+                )));
+            }
         };
         if config.interval < Duration::from_millis(10) {
             return Err(ConfigError::Invalid(
@@ -262,6 +322,7 @@ mod tests {
             path.to_str().unwrap(),
             "--collector",
             "http://10.0.0.1:7117",
+            "--plaintext",
         ]);
         let config = Config::load(&cli).unwrap();
         assert_eq!(config.collector, "http://10.0.0.1:7117");
@@ -277,13 +338,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("agent.toml");
         std::fs::write(&path, "node = \"n\"\nmetrics-listen = \"0.0.0.0:9400\"\n").unwrap();
-        let from_file = Cli::parse_from(["gputel-agent", "--config", path.to_str().unwrap()]);
+        let from_file = Cli::parse_from([
+            "gputel-agent",
+            "--plaintext",
+            "--config",
+            path.to_str().unwrap(),
+        ]);
         assert_eq!(
             Config::load(&from_file).unwrap().metrics_listen,
             Some("0.0.0.0:9400".parse().unwrap())
         );
         let flag = Cli::parse_from([
             "gputel-agent",
+            "--plaintext",
             "--config",
             path.to_str().unwrap(),
             "--metrics-listen",
@@ -299,8 +366,40 @@ mod tests {
     }
 
     #[test]
+    fn plaintext_only_when_asked_and_https_only_with_certificates() {
+        let load = |args: &[&str]| {
+            let mut all = vec!["gputel-agent", "--node", "n1"];
+            all.extend_from_slice(args);
+            Config::load(&Cli::parse_from(all)).map(|c| c.tls.is_some())
+        };
+        let err = load(&[]).unwrap_err().to_string();
+        assert!(
+            err.starts_with("collector http://127.0.0.1:7117 is plaintext"),
+            "{err}"
+        );
+        assert!(!load(&["--plaintext"]).unwrap());
+        // --once never connects.
+        assert!(!load(&["--once"]).unwrap());
+        let err = load(&["--collector", "https://c:7117", "--tls-ca", "ca.pem"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("an https:// collector needs"), "{err}");
+        let tls = [
+            "--collector",
+            "https://c:7117",
+            "--tls-ca",
+            "ca.pem",
+            "--tls-cert",
+            "n1.pem",
+            "--tls-key",
+            "n1.key",
+        ];
+        assert!(load(&tls).unwrap());
+    }
+
+    #[test]
     fn bad_node_names_are_refused() {
-        let cli = Cli::parse_from(["gputel-agent", "--node", "../../etc"]);
+        let cli = Cli::parse_from(["gputel-agent", "--plaintext", "--node", "../../etc"]);
         let err = Config::load(&cli).unwrap_err().to_string();
         assert!(
             err.starts_with("node name \"../../etc\" is invalid"),

@@ -10,7 +10,7 @@ use gputel_agent::metrics::{self, Metrics};
 use gputel_agent::sampling::{self, Samplers};
 use gputel_agent::snapshot;
 use gputel_agent::spool::Spool;
-use tonic::transport::Endpoint;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity as TlsIdentity};
 use tracing::{error, info, warn};
 use tracing_subscriber::EnvFilter;
 
@@ -41,10 +41,24 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
 
-    let endpoint = Endpoint::from_shared(config.collector.clone())
+    let mut endpoint = Endpoint::from_shared(config.collector.clone())
         .with_context(|| format!("invalid collector URL {:?}", config.collector))?
         .connect_timeout(Duration::from_secs(10))
         .tcp_nodelay(true);
+    if let Some(tls) = &config.tls {
+        let read = |path: &std::path::Path| {
+            std::fs::read(path).with_context(|| format!("cannot read TLS file {}", path.display()))
+        };
+        let mut client = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(read(&tls.ca)?))
+            .identity(TlsIdentity::from_pem(read(&tls.cert)?, read(&tls.key)?));
+        if let Some(name) = &tls.server_name {
+            client = client.domain_name(name.clone());
+        }
+        endpoint = endpoint
+            .tls_config(client)
+            .context("invalid TLS configuration")?;
+    }
     // With a spool, the agent id and the sequence numbers outlive restarts,
     // so the collector recognises what it already has.
     let spool = match &config.spool_dir {

@@ -289,8 +289,9 @@ fn with_nvml(c: &mut Criterion) {
     });
     drop(gpu);
 
-    let args: [OsString; 9] = [
+    let args: [OsString; 10] = [
         "gputel-agent".into(),
+        "--plaintext".into(),
         "--node".into(),
         "bench-node".into(),
         "--procfs-root".into(),

@@ -137,6 +137,22 @@ pub struct Settings {
     /// Largest message accepted from an agent, in bytes [default: 16777216].
     #[arg(long, value_name = "BYTES")]
     pub max_message_bytes: Option<usize>,
+    /// PEM certificate the collector presents to agents (with --tls-key and
+    /// --tls-client-ca: mutual TLS).
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA that signs agents' certificates; an agent's certificate must
+    /// name the node it writes as.
+    #[arg(long, value_name = "FILE")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Serve without TLS: no encryption, any client may write as any node.
+    /// For loopback development only.
+    #[arg(long)]
+    #[serde(default)]
+    pub plaintext: bool,
     /// Log filter, as in RUST_LOG (e.g. "info", "gputel_collector=debug") [default: info].
     #[arg(long, value_name = "FILTER")]
     pub log: Option<String>,
@@ -154,6 +170,13 @@ impl Settings {
             max_unwritten_rows: self.max_unwritten_rows.or(other.max_unwritten_rows),
             max_message_bytes: self.max_message_bytes.or(other.max_message_bytes),
             log: self.log.or(other.log),
+            // A flag overrides the file: --plaintext sets the file's TLS aside.
+            tls_cert: self.tls_cert.or(other.tls_cert.filter(|_| !self.plaintext)),
+            tls_key: self.tls_key.or(other.tls_key.filter(|_| !self.plaintext)),
+            tls_client_ca: self
+                .tls_client_ca
+                .or(other.tls_client_ca.filter(|_| !self.plaintext)),
+            plaintext: self.plaintext || other.plaintext,
         }
     }
 }
@@ -169,6 +192,16 @@ pub struct Config {
     pub max_unwritten_rows: usize,
     pub max_message_bytes: usize,
     pub log: String,
+    /// Mutual TLS, or None when plaintext was asked for.
+    pub tls: Option<TlsFiles>,
+}
+
+/// The PEM files of the collector's mutual TLS.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: PathBuf,
 }
 
 /// Why the configuration could not be loaded.
@@ -211,6 +244,26 @@ impl Config {
                 .max_message_bytes
                 .unwrap_or(gputel_proto::DEFAULT_MAX_MESSAGE_BYTES),
             log: s.log.unwrap_or_else(|| "info".to_owned()),
+            tls: match (s.tls_cert, s.tls_key, s.tls_client_ca, s.plaintext) {
+                (Some(cert), Some(key), Some(client_ca), false) => Some(TlsFiles {
+                    cert,
+                    key,
+                    client_ca,
+                }),
+                (None, None, None, true) => None,
+                (_, _, _, true) => {
+                    return Err(ConfigError::Invalid(
+                        "plaintext and tls-cert/tls-key/tls-client-ca exclude each other".into(),
+                    ));
+                }
+                _ => {
+                    return Err(ConfigError::Invalid(
+                        "give tls-cert, tls-key and tls-client-ca (mutual TLS), or plaintext \
+                         for loopback development"
+                            .into(),
+                    ));
+                }
+            },
         };
         if config.flush_interval.is_zero() {
             return Err(ConfigError::Invalid(
@@ -253,7 +306,7 @@ mod tests {
         let path = dir.path().join("collector.toml");
         std::fs::write(
             &path,
-            "store = \"/srv/gputel\"\nflush-interval = \"30s\"\nlisten = \"127.0.0.1:9000\"\n",
+            "store = \"/srv/gputel\"\nflush-interval = \"30s\"\nlisten = \"127.0.0.1:9000\"\nplaintext = true\n",
         )
         .unwrap();
         let cli = Cli::parse_from([
@@ -271,6 +324,39 @@ mod tests {
     }
 
     #[test]
+    fn plaintext_only_when_asked_and_the_flag_sets_file_tls_aside() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("collector.toml");
+        std::fs::write(
+            &path,
+            "tls-cert = \"c.pem\"\ntls-key = \"c.key\"\ntls-client-ca = \"ca.pem\"\n",
+        )
+        .unwrap();
+        let file = path.to_str().unwrap();
+        let tls = Config::load(Cli::parse_from(["gputel-collector", "--config", file])).unwrap();
+        assert_eq!(tls.tls.map(|t| t.client_ca), Some(PathBuf::from("ca.pem")));
+        let plain = Config::load(Cli::parse_from([
+            "gputel-collector",
+            "--config",
+            file,
+            "--plaintext",
+        ]))
+        .unwrap();
+        assert!(plain.tls.is_none());
+        let err = Config::load(Cli::parse_from(["gputel-collector"]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("give tls-cert, tls-key and tls-client-ca"),
+            "{err}"
+        );
+        let err = Config::load(Cli::parse_from(["gputel-collector", "--tls-cert", "c.pem"]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("give tls-cert"), "{err}");
+    }
+
+    #[test]
     fn unknown_keys_are_errors() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("collector.toml");
@@ -282,7 +368,12 @@ mod tests {
 
     #[test]
     fn no_command_is_the_server() {
-        let cli = Cli::parse_from(["gputel-collector", "--listen", "127.0.0.1:7000"]);
+        let cli = Cli::parse_from([
+            "gputel-collector",
+            "--plaintext",
+            "--listen",
+            "127.0.0.1:7000",
+        ]);
         assert!(cli.command.is_none());
         assert_eq!(
             Config::load(cli).unwrap().listen,

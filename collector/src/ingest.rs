@@ -330,13 +330,37 @@ fn message(kind: collector_message::Kind) -> CollectorMessage {
 pub struct IngestService {
     shared: Arc<Shared>,
     closing: watch::Receiver<bool>,
+    require_identity: bool,
 }
 
 impl IngestService {
-    /// `closing` turns true when every stream should end (after the last flush).
-    pub fn new(shared: Arc<Shared>, closing: watch::Receiver<bool>) -> Self {
-        Self { shared, closing }
+    /// `closing` turns true when every stream should end (after the last
+    /// flush). With `require_identity` (mutual TLS), a stream may only write
+    /// as the node its client certificate names.
+    pub fn new(
+        shared: Arc<Shared>,
+        closing: watch::Receiver<bool>,
+        require_identity: bool,
+    ) -> Self {
+        Self {
+            shared,
+            closing,
+            require_identity,
+        }
     }
+}
+
+/// Whether a DER certificate is valid for `node` as a DNS name (its SAN, as
+/// TLS server names are checked).
+fn certificate_names(der: &[u8], node: &str) -> bool {
+    let der = rustls_pki_types::CertificateDer::from(der);
+    let Ok(cert) = webpki::EndEntityCert::try_from(&der) else {
+        return false;
+    };
+    let Ok(name) = rustls_pki_types::ServerName::try_from(node) else {
+        return false;
+    };
+    cert.verify_is_valid_for_subject_name(&name).is_ok()
 }
 
 #[tonic::async_trait]
@@ -350,11 +374,25 @@ impl Telemetry for IngestService {
         let peer = request
             .remote_addr()
             .map_or_else(|| "unknown peer".to_owned(), |a| a.to_string());
+        let certificate = if self.require_identity {
+            match request
+                .peer_certs()
+                .and_then(|certs| certs.first().cloned())
+            {
+                Some(cert) => Some(cert.to_vec()),
+                None => {
+                    return Err(Status::unauthenticated("a client certificate is required"));
+                }
+            }
+        } else {
+            None
+        };
         let inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(OUTBOUND_QUEUE);
         let session = Session {
             shared: Arc::clone(&self.shared),
             tx,
+            certificate,
             peer,
             id: self.shared.next_session.fetch_add(1, Ordering::Relaxed),
         };
@@ -366,6 +404,8 @@ impl Telemetry for IngestService {
 struct Session {
     shared: Arc<Shared>,
     tx: Outbound,
+    /// The client's certificate (DER) under mutual TLS.
+    certificate: Option<Vec<u8>>,
     peer: String,
     id: u64,
 }
@@ -393,6 +433,16 @@ impl Session {
         };
         if let Err(e) = validate_hello(&hello) {
             return self.fail(Status::invalid_argument(e.to_string())).await;
+        }
+        if let Some(der) = &self.certificate
+            && !certificate_names(der, &hello.node)
+        {
+            return self
+                .fail(Status::permission_denied(format!(
+                    "this client's certificate does not name node {:?}; a node writes only as itself",
+                    hello.node
+                )))
+                .await;
         }
         let durable = {
             let mut state = self.shared.lock();

@@ -28,6 +28,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use tracing::{info, warn};
 
 use crate::clock::Clock;
@@ -45,6 +46,12 @@ pub enum RunError {
     Store(#[from] store::StoreError),
     #[error(transparent)]
     Wal(#[from] wal::WalError),
+    #[error("cannot read TLS file {path}: {source}")]
+    TlsFile {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: std::net::SocketAddr,
@@ -65,11 +72,19 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             addr: config.listen,
             source,
         })?;
+    let tls = match &config.tls {
+        Some(files) => Some(server_tls(files)?),
+        None => {
+            warn!("serving without TLS (--plaintext): any client can write as any node");
+            None
+        }
+    };
     let options = ServeOptions {
         flush_interval: config.flush_interval,
         flush_rows: config.flush_rows,
         max_unwritten_rows: config.max_unwritten_rows,
         max_message_bytes: config.max_message_bytes,
+        tls,
     };
     let (wal, replayed) = wal::Wal::open(&config.wal_dir)?;
     if !replayed.records.is_empty() {
@@ -90,12 +105,28 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
 }
 
 /// The settings [`serve`] needs.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ServeOptions {
     pub flush_interval: Duration,
     pub flush_rows: usize,
     pub max_unwritten_rows: usize,
     pub max_message_bytes: usize,
+    /// Mutual TLS; every agent must then show a certificate naming its node.
+    pub tls: Option<ServerTlsConfig>,
+}
+
+/// The server side of mutual TLS from PEM files.
+pub fn server_tls(files: &config::TlsFiles) -> Result<ServerTlsConfig, RunError> {
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).map_err(|source| RunError::TlsFile {
+            path: path.to_owned(),
+            source,
+        })
+    };
+    let identity = Identity::from_pem(read(&files.cert)?, read(&files.key)?);
+    Ok(ServerTlsConfig::new()
+        .identity(identity)
+        .client_ca_root(Certificate::from_pem(read(&files.client_ca)?)))
 }
 
 /// Starts the log syncer, the flush loop and the gRPC server on `listener`.
@@ -132,11 +163,20 @@ pub async fn serve(
     let syncing = tokio::spawn(Arc::clone(&shared).run_syncer(close_streams_rx.clone()));
     let flushing = tokio::spawn(flusher.run(options.flush_interval, stop_flush_rx));
 
-    let service = TelemetryServer::new(IngestService::new(Arc::clone(&shared), close_streams_rx))
-        .max_decoding_message_size(options.max_message_bytes);
+    let require_identity = options.tls.is_some();
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = options.tls {
+        builder = builder.tls_config(tls)?;
+    }
+    let service = TelemetryServer::new(IngestService::new(
+        Arc::clone(&shared),
+        close_streams_rx,
+        require_identity,
+    ))
+    .max_decoding_message_size(options.max_message_bytes);
     let (server_stop, mut server_stop_rx) = watch::channel(false);
     let server = tokio::spawn(
-        tonic::transport::Server::builder()
+        builder
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .add_service(service)
             .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {

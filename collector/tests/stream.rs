@@ -87,6 +87,7 @@ impl Collector {
             flush_rows,
             max_message_bytes,
             max_unwritten_rows,
+            tls: None,
         };
         let (wal, replayed) =
             gputel_collector::wal::Wal::open(&dir.path().join("wal")).expect("open log");

@@ -74,7 +74,7 @@ pub fn fixture_agent(node: &str) -> Command {
         .arg(fixture("proc"))
         .arg("--sysfs-root")
         .arg(fixture("sys"))
-        .args(["--node", node])
+        .args(["--node", node, "--plaintext"])
         .env_remove(SCENARIO_ENV);
     cmd
 }
@@ -198,7 +198,7 @@ pub fn wal_dir_of(store: &Path) -> PathBuf {
 /// [`wal_dir_of`]); returns it and its address.
 pub fn start_collector(store: &Path, extra_args: &[&str]) -> (Running, String) {
     let mut cmd = Command::new(collector_bin());
-    cmd.args(["--listen", "127.0.0.1:0", "--store"])
+    cmd.args(["--plaintext", "--listen", "127.0.0.1:0", "--store"])
         .arg(store)
         .arg("--wal-dir")
         .arg(wal_dir_of(store))
@@ -352,11 +352,16 @@ pub fn assert_gpu_rows_exactly_once(dir: &Path, store: &Path, rows: u64) {
 /// flushing every `flush_interval`; for tests that restart it on one port.
 pub fn collector_on(port: u16, store: &Path, flush_interval: &str) -> Running {
     let mut cmd = Command::new(collector_bin());
-    cmd.args(["--listen", &format!("127.0.0.1:{port}"), "--store"])
-        .arg(store)
-        .arg("--wal-dir")
-        .arg(wal_dir_of(store))
-        .args(["--flush-interval", flush_interval]);
+    cmd.args([
+        "--plaintext",
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--store",
+    ])
+    .arg(store)
+    .arg("--wal-dir")
+    .arg(wal_dir_of(store))
+    .args(["--flush-interval", flush_interval]);
     let mut collector = Running::spawn(cmd);
     collector.wait_for_log("listening on ", Duration::from_secs(30));
     collector

@@ -325,7 +325,7 @@ fn build_store() -> Store {
             .arg(fixture("proc"))
             .arg("--sysfs-root")
             .arg(sys)
-            .args(["--node", node])
+            .args(["--node", node, "--plaintext"])
             .args(["--collector", &format!("http://{addr}")])
             .args(["--interval", "100ms", "--ticks", &TICKS.to_string()])
             .args(["--process-interval", "1h"])

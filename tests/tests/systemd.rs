@@ -34,7 +34,7 @@ fn the_example_collector_config_is_valid_and_bad_keys_are_named() {
     let mut cmd = Command::new(collector_bin());
     cmd.arg("--config")
         .arg(&config)
-        .args(["--listen", "127.0.0.1:0", "--store"])
+        .args(["--plaintext", "--listen", "127.0.0.1:0", "--store"])
         .arg(dir.path().join("store"))
         .arg("--wal-dir")
         .arg(dir.path().join("wal"));
