@@ -134,6 +134,11 @@ pub struct Settings {
     /// them and retry [default: 4000000].
     #[arg(long, value_name = "ROWS")]
     pub max_unwritten_rows: Option<usize>,
+    /// Rows per second one agent may send, on average over 10 s; beyond it
+    /// its batches are refused with RESOURCE_EXHAUSTED and it retries after
+    /// a backoff, keeping them [default: 100000].
+    #[arg(long, value_name = "ROWS")]
+    pub max_agent_rows_per_s: Option<u64>,
     /// Largest message accepted from an agent, in bytes [default: 16777216].
     #[arg(long, value_name = "BYTES")]
     pub max_message_bytes: Option<usize>,
@@ -168,6 +173,7 @@ impl Settings {
             flush_interval: self.flush_interval.or(other.flush_interval),
             flush_rows: self.flush_rows.or(other.flush_rows),
             max_unwritten_rows: self.max_unwritten_rows.or(other.max_unwritten_rows),
+            max_agent_rows_per_s: self.max_agent_rows_per_s.or(other.max_agent_rows_per_s),
             max_message_bytes: self.max_message_bytes.or(other.max_message_bytes),
             log: self.log.or(other.log),
             // A flag overrides the file: --plaintext sets the file's TLS aside.
@@ -190,6 +196,7 @@ pub struct Config {
     pub flush_interval: Duration,
     pub flush_rows: usize,
     pub max_unwritten_rows: usize,
+    pub max_agent_rows_per_s: u64,
     pub max_message_bytes: usize,
     pub log: String,
     /// Mutual TLS, or None when plaintext was asked for.
@@ -240,6 +247,7 @@ impl Config {
             flush_interval: s.flush_interval.unwrap_or(Duration::from_secs(60)),
             flush_rows: s.flush_rows.unwrap_or(1_000_000),
             max_unwritten_rows: s.max_unwritten_rows.unwrap_or(4_000_000),
+            max_agent_rows_per_s: s.max_agent_rows_per_s.unwrap_or(100_000),
             max_message_bytes: s
                 .max_message_bytes
                 .unwrap_or(gputel_proto::DEFAULT_MAX_MESSAGE_BYTES),

@@ -38,6 +38,7 @@ pub struct Shared {
     sync_wanted: Notify,
     flush_rows: usize,
     max_unwritten_rows: usize,
+    max_agent_rows_per_s: u64,
     /// Rows taken from the buffer whose files are not written yet.
     unwritten_rows: AtomicUsize,
     draining: AtomicBool,
@@ -77,6 +78,34 @@ struct AgentState {
     session: Option<(u64, Outbound)>,
     /// When the agent last connected or sent, by the collector's clock.
     last_seen_us: i64,
+    /// Rows the agent may still send now (a token bucket), and when it was
+    /// last refilled.
+    allowance: f64,
+    refilled_us: i64,
+}
+
+/// Seconds of an agent's rate it may send at once.
+const RATE_BURST_S: f64 = 10.0;
+
+impl AgentState {
+    /// Takes `rows` from the agent's allowance, refilled at `rate` rows/s up
+    /// to [`RATE_BURST_S`] seconds' worth; false when it has not enough.
+    fn take_allowance(&mut self, rows: usize, rate: u64, now_us: i64) -> bool {
+        let burst = rate as f64 * RATE_BURST_S;
+        if self.refilled_us == 0 {
+            self.allowance = burst;
+        } else {
+            let elapsed_s = (now_us - self.refilled_us).max(0) as f64 / 1e6;
+            self.allowance = (self.allowance + elapsed_s * rate as f64).min(burst);
+        }
+        self.refilled_us = now_us;
+        if self.allowance >= rows as f64 {
+            self.allowance -= rows as f64;
+            true
+        } else {
+            false
+        }
+    }
 }
 
 /// How long an agent id is remembered after its last batch. Agents without a
@@ -107,6 +136,7 @@ impl Shared {
     pub fn new(
         flush_rows: usize,
         max_unwritten_rows: usize,
+        max_agent_rows_per_s: u64,
         clock: Clock,
         wal: Wal,
         replayed: Replayed,
@@ -121,6 +151,7 @@ impl Shared {
                     session: None,
                     // Remembered for a full retention period after a restart.
                     last_seen_us: clock.now_us(),
+                    ..AgentState::default()
                 };
                 (id.clone(), agent)
             })
@@ -157,6 +188,7 @@ impl Shared {
             sync_wanted: Notify::new(),
             flush_rows,
             max_unwritten_rows,
+            max_agent_rows_per_s,
             unwritten_rows: AtomicUsize::new(0),
             draining: AtomicBool::new(false),
             clock,
@@ -525,7 +557,19 @@ impl Session {
             let mut guard = shared.lock();
             let state = &mut *guard;
             let agent = state.agents.entry(agent_id.to_owned()).or_default();
-            agent.last_seen_us = shared.clock.now_us();
+            let now_us = shared.clock.now_us();
+            agent.last_seen_us = now_us;
+            if batch.seq > agent.received
+                && !agent.take_allowance(rows, shared.max_agent_rows_per_s, now_us)
+            {
+                drop(guard);
+                warn!(node, agent_id, "agent over its rate: batch refused");
+                // The agent keeps the batch and retries after a backoff.
+                return Err(Status::resource_exhausted(format!(
+                    "agent {agent_id} sends more than {} rows/s; retry later",
+                    shared.max_agent_rows_per_s
+                )));
+            }
             if batch.seq <= agent.received {
                 let durable = (batch.seq <= agent.durable).then_some(agent.durable);
                 (Some(durable), false)

@@ -83,6 +83,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         flush_interval: config.flush_interval,
         flush_rows: config.flush_rows,
         max_unwritten_rows: config.max_unwritten_rows,
+        max_agent_rows_per_s: config.max_agent_rows_per_s,
         max_message_bytes: config.max_message_bytes,
         tls,
     };
@@ -110,6 +111,8 @@ pub struct ServeOptions {
     pub flush_interval: Duration,
     pub flush_rows: usize,
     pub max_unwritten_rows: usize,
+    /// Average rows per second one agent may send (over a 10 s burst).
+    pub max_agent_rows_per_s: u64,
     pub max_message_bytes: usize,
     /// Mutual TLS; every agent must then show a certificate naming its node.
     pub tls: Option<ServerTlsConfig>,
@@ -147,6 +150,7 @@ pub async fn serve(
     let shared = Arc::new(Shared::new(
         options.flush_rows,
         options.max_unwritten_rows,
+        options.max_agent_rows_per_s,
         clock,
         wal,
         replayed,

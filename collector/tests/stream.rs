@@ -68,13 +68,14 @@ struct Collector {
 
 impl Collector {
     async fn start(flush_rows: usize, max_message_bytes: usize) -> Self {
-        Self::start_with(flush_rows, max_message_bytes, usize::MAX).await
+        Self::start_with(flush_rows, max_message_bytes, usize::MAX, u64::MAX / 16).await
     }
 
     async fn start_with(
         flush_rows: usize,
         max_message_bytes: usize,
         max_unwritten_rows: usize,
+        max_agent_rows_per_s: u64,
     ) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = gputel_collector::store::open(dir.path().to_str().expect("utf-8 temp path"))
@@ -87,6 +88,7 @@ impl Collector {
             flush_rows,
             max_message_bytes,
             max_unwritten_rows,
+            max_agent_rows_per_s,
             tls: None,
         };
         let (wal, replayed) =
@@ -689,7 +691,7 @@ async fn shutdown_writes_and_acks_buffered_rows_before_closing_streams() {
 #[tokio::test]
 async fn batches_are_refused_while_too_many_rows_wait_for_the_store() {
     let mut collector =
-        Collector::start_with(1_000_000, gputel_proto::DEFAULT_MAX_MESSAGE_BYTES, 2).await;
+        Collector::start_with(1_000_000, gputel_proto::DEFAULT_MAX_MESSAGE_BYTES, 2, 1_000).await;
     let (mut agent, _) = Agent::connect(collector.channel().await, "node-a", "agent-a").await;
     agent.send_batch(gpu_batch(1, 1)).await;
     agent.expect_ack(1).await;
@@ -743,4 +745,39 @@ async fn agent_ids_quiet_for_a_week_are_forgotten() {
     let (_, hello) = Agent::connect(collector.channel().await, "node-a", "agent-a").await;
     assert_eq!(hello, welcome(0));
     collector.stop_serving().await;
+}
+
+/// An agent over its rate is refused (it keeps the batch and retries); its
+/// allowance refills with time, and other agents are not affected.
+#[tokio::test]
+async fn an_agent_over_its_rate_is_refused_until_its_allowance_refills() {
+    // 1 row/s, 10 s of burst: 10 rows at once.
+    let collector = Collector::start_with(
+        1_000_000,
+        gputel_proto::DEFAULT_MAX_MESSAGE_BYTES,
+        usize::MAX,
+        1,
+    )
+    .await;
+    let (mut agent, _) = Agent::connect(collector.channel().await, "node-a", "agent-a").await;
+    agent.send_batch(gpu_batch(1, 10)).await;
+    agent.expect_ack(1).await;
+    agent.send_batch(gpu_batch(2, 1)).await;
+    agent
+        .expect_status(
+            Code::ResourceExhausted,
+            "agent agent-a sends more than 1 rows/s; retry later",
+        )
+        .await;
+    // Another agent has its own allowance.
+    let (mut other, _) = Agent::connect(collector.channel().await, "node-b", "agent-b").await;
+    other.send_batch(gpu_batch(1, 3)).await;
+    other.expect_ack(1).await;
+    // Three seconds later agent-a may send three rows again.
+    collector.now.fetch_add(3_000_000, Ordering::SeqCst);
+    let (mut again, hello) = Agent::connect(collector.channel().await, "node-a", "agent-a").await;
+    assert_eq!(hello, welcome(1));
+    again.send_batch(gpu_batch(2, 3)).await;
+    again.expect_ack(2).await;
+    collector.shutdown().await;
 }
