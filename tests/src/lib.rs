@@ -372,3 +372,38 @@ pub fn unused_port() -> u16 {
     let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     probe.local_addr().expect("local addr").port()
 }
+
+/// Runs the fixture agent (node `gpu-node-017`, the fake NVML with
+/// `scenario`) for `ticks` ticks of 100 ms against a collector writing to
+/// `<dir>/store`, then stops the collector; returns the store.
+pub fn run_scenario_pipeline(
+    dir: &Path,
+    scenario: &str,
+    ticks: u64,
+    agent_args: &[&str],
+) -> PathBuf {
+    let store = dir.join("store");
+    let path = dir.join("scenario.toml");
+    std::fs::write(&path, scenario).expect("write scenario");
+    let (collector, addr) = start_collector(&store, &["--flush-interval", "1s"]);
+    let mut agent = fixture_agent("gpu-node-017");
+    agent
+        .args(["--collector", &format!("http://{addr}")])
+        .args(["--interval", "100ms", "--ticks", &ticks.to_string()])
+        .args(agent_args)
+        .env(SCENARIO_ENV, &path);
+    let agent = Running::spawn(agent).wait(Duration::from_secs(60));
+    assert!(
+        agent.status.success(),
+        "agent failed: {}",
+        String::from_utf8_lossy(&agent.stdout)
+    );
+    assert!(
+        collector
+            .terminate(Duration::from_secs(30))
+            .status
+            .success(),
+        "collector failed"
+    );
+    store
+}

@@ -2,11 +2,8 @@
 //! exact values, GPM absent on older GPUs, XID events, a GPU falling off the
 //! bus, throttling episodes and compute processes, end to end into Parquet.
 
-use std::path::Path;
-use std::time::Duration;
-
 use gputel_tests::{
-    Running, SCENARIO_ENV, duckdb, duckdb_value, fixture_agent, start_collector, table_scan,
+    SCENARIO_ENV, duckdb, duckdb_value, fixture_agent, run_scenario_pipeline, table_scan,
 };
 use serde_json::{Value, json};
 
@@ -25,33 +22,6 @@ fn once_with(scenario: &str) -> Value {
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).expect("--once prints JSON")
-}
-
-/// Runs an agent for `ticks` ticks of 100 ms against a collector; returns the store.
-fn run_pipeline(scenario: &str, ticks: u32, dir: &Path) -> std::path::PathBuf {
-    let store = dir.join("store");
-    let path = dir.join("scenario.toml");
-    std::fs::write(&path, scenario).expect("write scenario");
-    let (collector, addr) = start_collector(&store, &["--flush-interval", "1s"]);
-    let mut agent = fixture_agent("gpu-node-017");
-    agent
-        .args(["--collector", &format!("http://{addr}")])
-        .args(["--interval", "100ms", "--ticks", &ticks.to_string()])
-        .args(["--process-interval", "1h"])
-        .env(SCENARIO_ENV, &path);
-    let agent = Running::spawn(agent).wait(Duration::from_secs(60));
-    assert!(
-        agent.status.success(),
-        "{}",
-        String::from_utf8_lossy(&agent.stdout)
-    );
-    assert!(
-        collector
-            .terminate(Duration::from_secs(30))
-            .status
-            .success()
-    );
-    store
 }
 
 const ONE_H100: &str = r#"
@@ -157,7 +127,8 @@ sm_active_pct = 50.0
 #[test]
 fn xids_lost_gpus_throttling_and_processes_land_in_their_tables() {
     let dir = tempfile::tempdir().unwrap();
-    let store = run_pipeline(
+    let store = run_scenario_pipeline(
+        dir.path(),
         r#"
 step_ms = 400
 
@@ -178,7 +149,7 @@ clock_event_reasons = [0, 32, 32, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
 count = 2
 "#,
         20,
-        dir.path(),
+        &["--process-interval", "1h"],
     );
     let events = table_scan(&store, "event");
     let rows = duckdb(

@@ -2,11 +2,7 @@
 //! Kubernetes pods, put on GPUs by the fake NVML, give every GPU row its
 //! job through the whole pipeline; the HPC job-mapping directory wins.
 
-use std::time::Duration;
-
-use gputel_tests::{
-    Running, SCENARIO_ENV, duckdb, duckdb_value, fixture_agent, start_collector, table_scan,
-};
+use gputel_tests::{duckdb, duckdb_value, fixture_agent, run_scenario_pipeline, table_scan};
 use serde_json::{Value, json};
 
 /// GPU k runs the fixture process of the k-th row below; GPU 5 is shared by
@@ -35,27 +31,7 @@ const TICKS: u64 = 12;
 #[test]
 fn every_gpu_row_carries_the_job_that_owns_the_gpu() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let store = tmp.path().join("store");
-    let scenario = tmp.path().join("scenario.toml");
-    std::fs::write(&scenario, SCENARIO).expect("write scenario");
-    let (collector, addr) = start_collector(&store, &["--flush-interval", "1s"]);
-    let mut agent = fixture_agent("gpu-node-017");
-    agent
-        .args(["--collector", &format!("http://{addr}")])
-        .args(["--interval", "100ms", "--ticks", &TICKS.to_string()])
-        .env(SCENARIO_ENV, &scenario);
-    let agent = Running::spawn(agent).wait(Duration::from_secs(60));
-    assert!(
-        agent.status.success(),
-        "{}",
-        String::from_utf8_lossy(&agent.stdout)
-    );
-    assert!(
-        collector
-            .terminate(Duration::from_secs(30))
-            .status
-            .success()
-    );
+    let store = run_scenario_pipeline(tmp.path(), SCENARIO, TICKS, &[]);
 
     let gpus = table_scan(&store, "gpu");
     let rows = duckdb(
