@@ -160,13 +160,9 @@ impl Wal {
         self.segment
     }
 
-    /// Appends a record; durable only after the next [`Wal::sync`], which
-    /// the caller then reports with [`Wal::note_durable`].
-    pub fn append(&mut self, record: &WalRecord) -> Result<(), WalError> {
-        self.append_payload(&record.encode_to_vec())
-    }
-
-    /// Appends an agent's batch as a record, without copying the batch.
+    /// Appends an agent's batch as a record (without copying the batch);
+    /// durable only after the next sync, which the caller then reports with
+    /// [`Wal::note_durable`].
     pub fn append_batch(
         &mut self,
         agent_id: &str,
@@ -419,6 +415,12 @@ mod tests {
         }
     }
 
+    /// Appends as the collector does, through `append_batch`.
+    fn append(wal: &mut Wal, record: &WalRecord) -> Result<(), WalError> {
+        let batch = record.batch.as_ref().expect("test records carry a batch");
+        wal.append_batch(&record.agent_id, &record.node, batch)
+    }
+
     fn seqs(records: &[WalRecord]) -> Vec<(String, u64)> {
         records
             .iter()
@@ -432,11 +434,11 @@ mod tests {
         let (mut wal, replayed) = Wal::open(dir.path()).unwrap();
         assert!(replayed.records.is_empty());
         let id = wal.collector_id().to_owned();
-        wal.append(&record("a", 1)).unwrap();
-        wal.append(&record("b", 7)).unwrap();
+        append(&mut wal, &record("a", 1)).unwrap();
+        append(&mut wal, &record("b", 7)).unwrap();
         wal.sync().unwrap();
         let closed = wal.rotate().unwrap();
-        wal.append(&record("a", 2)).unwrap();
+        append(&mut wal, &record("a", 2)).unwrap();
         wal.sync().unwrap();
         drop(wal);
 
@@ -472,11 +474,11 @@ mod tests {
     fn the_state_file_holds_only_synced_sequences() {
         let dir = tempfile::tempdir().unwrap();
         let (mut wal, _) = Wal::open(dir.path()).unwrap();
-        wal.append(&record("a", 1)).unwrap();
+        append(&mut wal, &record("a", 1)).unwrap();
         wal.sync().unwrap();
         wal.note_durable("a", 1);
         let closed = wal.rotate().unwrap();
-        wal.append(&record("a", 2)).unwrap();
+        append(&mut wal, &record("a", 2)).unwrap();
         assert_eq!(wal.durable()["a"], 1);
         wal.release(&[closed]).unwrap();
         let state =
@@ -491,7 +493,7 @@ mod tests {
     fn released_segments_left_on_disk_are_not_replayed() {
         let dir = tempfile::tempdir().unwrap();
         let (mut wal, _) = Wal::open(dir.path()).unwrap();
-        wal.append(&record("a", 1)).unwrap();
+        append(&mut wal, &record("a", 1)).unwrap();
         let first = wal.rotate().unwrap();
         let kept = fs::read(segment_path(dir.path(), first)).unwrap();
         wal.release(&[first]).unwrap();
@@ -507,8 +509,8 @@ mod tests {
     fn a_torn_tail_is_truncated_and_the_rest_replayed() {
         let dir = tempfile::tempdir().unwrap();
         let (mut wal, _) = Wal::open(dir.path()).unwrap();
-        wal.append(&record("a", 1)).unwrap();
-        wal.append(&record("a", 2)).unwrap();
+        append(&mut wal, &record("a", 1)).unwrap();
+        append(&mut wal, &record("a", 2)).unwrap();
         wal.sync().unwrap();
         let path = segment_path(dir.path(), wal.segment());
         drop(wal);
@@ -530,9 +532,9 @@ mod tests {
     fn a_damaged_earlier_segment_keeps_what_precedes_the_damage() {
         let dir = tempfile::tempdir().unwrap();
         let (mut wal, _) = Wal::open(dir.path()).unwrap();
-        wal.append(&record("a", 1)).unwrap();
+        append(&mut wal, &record("a", 1)).unwrap();
         let first = wal.rotate().unwrap();
-        wal.append(&record("a", 2)).unwrap();
+        append(&mut wal, &record("a", 2)).unwrap();
         wal.sync().unwrap();
         drop(wal);
         let path = segment_path(dir.path(), first);

@@ -78,6 +78,10 @@ mod field {
     ];
 }
 
+/// [`field::ALL`] as NVML field ids, built once rather than at every tick.
+static FIELD_IDS: std::sync::LazyLock<Vec<FieldId>> =
+    std::sync::LazyLock::new(|| field::ALL.iter().map(|id| FieldId(*id)).collect());
+
 /// GPM metrics, in GpuSample order: SM, SM occupancy, tensor, DRAM.
 const GPM_METRICS: [GpmMetricId; 4] = [
     GpmMetricId::SmUtil,
@@ -419,8 +423,8 @@ struct Fields {
 
 impl Fields {
     fn read(device: &Device<'static>, read: &mut Reader<'_>) -> Fields {
-        let ids: Vec<FieldId> = field::ALL.iter().map(|id| FieldId(*id)).collect();
-        let Some(samples) = read.get("field_values", device.field_values_for(&ids)) else {
+        let ids = &*FIELD_IDS;
+        let Some(samples) = read.get("field_values", device.field_values_for(ids)) else {
             return Fields::default();
         };
         let mut values = Vec::with_capacity(samples.len());
