@@ -101,6 +101,11 @@ impl Spool {
             else {
                 continue;
             };
+            // Sequence numbers start at 1: no segment of this spool is named 0.
+            if first_seq == 0 {
+                tracing::warn!(path = %entry.path().display(), "not a spool segment (sequence 0); left alone");
+                continue;
+            }
             let path = entry.path();
             let batches = read_segment(&path)?;
             let bytes = fs::metadata(&path).map_err(err(&path))?.len();
@@ -122,7 +127,16 @@ impl Spool {
         let next = if reuse {
             segments.back().map_or(1, |s| s.first_seq)
         } else {
-            segments.back().map_or(1, |s| s.last_seq + 1)
+            match segments.back() {
+                None => 1,
+                Some(s) => s.last_seq.checked_add(1).ok_or_else(|| {
+                    let path = segment_path(dir, s.first_seq);
+                    err(&path)(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        "its last batch has the largest sequence number there is; the spool is damaged: move it away",
+                    ))
+                })?,
+            }
         };
         if reuse {
             let path = segment_path(dir, next);
@@ -370,6 +384,20 @@ mod tests {
         // starts from the collector's durable seq + 1.
         assert_eq!(seqs(&spool.read_from(3, 100).unwrap()), [3, 4, 5]);
         assert_eq!(spool.read_from(3, 2).unwrap().len(), 2);
+    }
+
+    /// Found by the `spool_open` fuzz target: a segment named after
+    /// sequence 0 made the next sequence underflow.
+    #[test]
+    fn a_segment_named_zero_is_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let stray = dir.path().join(format!("spool-{:020}.log", 0));
+        std::fs::write(&stray, b"").unwrap();
+        let mut spool = Spool::open(dir.path(), 1 << 20).unwrap();
+        assert_eq!(spool.next_seq(), 1);
+        spool.append(&batch(1)).unwrap();
+        assert_eq!(seqs(&spool.read_from(1, 10).unwrap()), [1]);
+        assert!(stray.exists());
     }
 
     #[test]

@@ -359,6 +359,66 @@ mod tests {
         }
     }
 
+    /// The seeds of the `agent_message` fuzz target: a hello, and the batch
+    /// above with an event and a process, encoded as an agent sends them.
+    /// `GPUTEL_UPDATE_GOLDEN=1` rewrites them.
+    #[test]
+    fn the_fuzz_seeds_are_a_hello_and_a_plausible_batch() {
+        use gputel_proto::agent_message::Kind;
+        use gputel_proto::{AgentMessage, GpuEvent, GpuProcess};
+        use prost::Message;
+
+        let hello = Hello {
+            node: "gpu-node-017".into(),
+            agent_id: "9d1c0b6e-4a51-4c1e-8c55-3f1d7e2a0b17".into(),
+            agent_version: "0.1.0".into(),
+            boot_id: "0f3c2a9e-6d1b-4f5e-9a7c-2b8d4e6f1a3c".into(),
+        };
+        assert!(validate_hello(&hello).is_ok());
+        let mut full = batch();
+        full.gpu[0].job_id = Some("4242".into());
+        full.event.push(GpuEvent {
+            ts_us: NOW,
+            gpu: 0,
+            uuid: "GPU-1".into(),
+            kind: EventKind::Xid as i32,
+            code: 79,
+            detail: "GPU has fallen off the bus".into(),
+            job_id: Some("4242".into()),
+        });
+        full.gpu_process.push(GpuProcess {
+            ts_us: NOW,
+            gpu: 0,
+            uuid: "GPU-1".into(),
+            pid: 4242,
+            used_memory_bytes: Some(1 << 30),
+            command: "python".into(),
+            job_id: Some("4242".into()),
+            pod_uid: None,
+        });
+        assert!(validate_batch(&full, NOW).is_ok());
+
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/agent_message");
+        let update = std::env::var_os("GPUTEL_UPDATE_GOLDEN").is_some();
+        for (name, kind) in [
+            ("hello.pb", Kind::Hello(hello)),
+            ("batch.pb", Kind::Batch(full)),
+        ] {
+            let bytes = AgentMessage { kind: Some(kind) }.encode_to_vec();
+            let path = dir.join(name);
+            if update {
+                std::fs::write(&path, &bytes).expect("write a seed");
+            }
+            let seed = std::fs::read(&path).expect("read a seed");
+            assert!(
+                seed == bytes,
+                "{} differs from the message it seeds; rerun with GPUTEL_UPDATE_GOLDEN=1",
+                path.display()
+            );
+        }
+    }
+
     #[test]
     fn a_plausible_batch_passes() {
         assert!(validate_batch(&batch(), NOW).is_ok());

@@ -29,6 +29,9 @@ use twox_hash::XxHash64;
 pub const MAX_RECORD_BYTES: usize = 64 * 1024 * 1024;
 const HEADER_BYTES: usize = 12;
 const STATE_FILE: &str = "state.pb";
+/// The largest segment number a log may hold: at one segment a second, 2^62
+/// takes longer than the universe has existed.
+const MAX_SEGMENT: u64 = 1 << 62;
 
 /// Why the log could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -106,6 +109,25 @@ impl Wal {
         };
         let mut segments = list_segments(dir)?;
         segments.sort_unstable();
+        // Numbers grow by one a flush, so one near the top of the range is
+        // damage; trusting it would overflow later, or delete the whole log.
+        if let Some(&last) = segments.last().filter(|s| **s > MAX_SEGMENT) {
+            return Err(WalError::Corrupt {
+                path: segment_path(dir, last),
+                offset: 0,
+                reason: "its segment number is implausibly large; move the file out of the log directory".into(),
+            });
+        }
+        if state.next_segment > MAX_SEGMENT || state.released_through > MAX_SEGMENT {
+            return Err(WalError::Corrupt {
+                path: state_path,
+                offset: 0,
+                reason: format!(
+                    "segment numbers {} and {} are implausibly large; move the file out of the log directory",
+                    state.next_segment, state.released_through
+                ),
+            });
+        }
         // Released before a crash cut their deletion short: already stored.
         for segment in segments.iter().filter(|s| **s <= state.released_through) {
             let path = segment_path(dir, *segment);
@@ -503,6 +525,35 @@ mod tests {
         let (_, replayed) = Wal::open(dir.path()).unwrap();
         assert!(replayed.records.is_empty());
         assert!(!segment_path(dir.path(), first).exists());
+    }
+
+    /// Found by the `wal_replay` fuzz target: a segment numbered u64::MAX
+    /// overflowed the next number. Such numbers are refused, and a state
+    /// file claiming them deletes nothing.
+    #[test]
+    fn implausible_segment_numbers_are_refused_and_nothing_is_deleted() {
+        let dir = tempfile::tempdir().unwrap();
+        let stray = segment_path(dir.path(), u64::MAX);
+        fs::write(&stray, b"").unwrap();
+        let e = Wal::open(dir.path()).expect_err("refused");
+        assert!(e.to_string().contains("implausibly large"), "{e}");
+        fs::remove_file(&stray).unwrap();
+
+        let (mut wal, _) = Wal::open(dir.path()).unwrap();
+        append(&mut wal, &record("a", 1)).unwrap();
+        wal.sync().unwrap();
+        let kept = segment_path(dir.path(), wal.segment());
+        drop(wal);
+        let damaged = WalState {
+            collector_id: "c".into(),
+            durable: HashMap::new(),
+            next_segment: 2,
+            released_through: u64::MAX,
+        };
+        fs::write(dir.path().join(STATE_FILE), damaged.encode_to_vec()).unwrap();
+        let e = Wal::open(dir.path()).expect_err("refused");
+        assert!(e.to_string().contains("state.pb"), "{e}");
+        assert!(kept.exists(), "the log was kept");
     }
 
     #[test]

@@ -78,3 +78,16 @@ ensure_promtool() {
   "$promtool" --version >/dev/null 2>&1 || die "promtool at $promtool does not run"
   export GPUTEL_PROMTOOL="$promtool"
 }
+
+# Puts cargo-fuzz (a pinned version, built from crates.io into target/tools)
+# on PATH.
+CARGO_FUZZ_VERSION=0.13.2
+ensure_cargo_fuzz() {
+  local root="$tools_dir/cargo-fuzz"
+  if [[ ! -x $root/bin/cargo-fuzz ]] || [[ $("$root/bin/cargo-fuzz" --version) != *"$CARGO_FUZZ_VERSION"* ]]; then
+    say "installing cargo-fuzz $CARGO_FUZZ_VERSION (crates.io) into $root"
+    cargo install --quiet --locked --root "$root" cargo-fuzz --version "$CARGO_FUZZ_VERSION" \
+      || die "could not install cargo-fuzz $CARGO_FUZZ_VERSION from crates.io"
+  fi
+  export PATH="$root/bin:$PATH"
+}

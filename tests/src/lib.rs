@@ -117,6 +117,11 @@ impl Running {
         }
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
     /// Reads stderr until a line contains `needle`; returns that line.
     pub fn wait_for_log(&mut self, needle: &str, timeout: Duration) -> String {
         let deadline = std::time::Instant::now() + timeout;

@@ -1,0 +1,59 @@
+//! The host sampler's reads of /proc (stat, meminfo, loadavg, twice, so CPU
+//! shares are computed) and job attribution's parsers for /proc/PID/cgroup and
+//! /proc/PID/environ, over arbitrary file contents: truncated, binary, huge
+//! numbers. Nothing panics, and what is reported stays within its range.
+#![no_main]
+
+use arbitrary::Arbitrary;
+use gputel_agent::jobs::{owner_from_cgroup, slurm_job_from_environ};
+use gputel_agent::sampler::node::NodeSampler;
+use libfuzzer_sys::fuzz_target;
+
+#[derive(Debug, Arbitrary)]
+struct Proc {
+    stat: [Vec<u8>; 2],
+    meminfo: Vec<u8>,
+    loadavg: Vec<u8>,
+    cgroup: String,
+    environ: Vec<u8>,
+}
+
+fuzz_target!(|input: Proc| {
+    let root = tempfile::tempdir_in(scratch()).expect("a scratch directory");
+    let write = |name: &str, bytes: &[u8]| {
+        std::fs::write(root.path().join(name), bytes).expect("write a proc file");
+    };
+    write("meminfo", &input.meminfo);
+    write("loadavg", &input.loadavg);
+    let mut sampler = NodeSampler::new(root.path());
+    let mut errors = Vec::new();
+    for (tick, stat) in input.stat.iter().enumerate() {
+        write("stat", stat);
+        let sample = sampler.sample(tick as i64 * 1_000_000, &mut errors);
+        for share in [
+            sample.cpu_user_pct,
+            sample.cpu_system_pct,
+            sample.cpu_iowait_pct,
+            sample.cpu_idle_pct,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            assert!((0.0..=100.0).contains(&share), "CPU share {share}");
+        }
+    }
+    let _ = owner_from_cgroup(&input.cgroup);
+    if let Some(job) = slurm_job_from_environ(&input.environ) {
+        assert!(!job.is_empty());
+    }
+});
+
+/// tmpfs when there is one: every input writes a small file tree.
+fn scratch() -> std::path::PathBuf {
+    let shm = std::path::Path::new("/dev/shm");
+    if shm.is_dir() {
+        shm.to_owned()
+    } else {
+        std::env::temp_dir()
+    }
+}
