@@ -137,8 +137,10 @@ impl S3 {
         for key in &keys {
             let rel = key.strip_prefix(prefix).expect("listed under the prefix");
             let file = dir.join(rel.trim_start_matches('/'));
-            std::fs::create_dir_all(file.parent().expect("a parent")).unwrap();
-            std::fs::write(&file, self.request("GET", &format!("/{BUCKET}/{}", key.replace('=', "%3D")))).unwrap();
+            std::fs::create_dir_all(file.parent().expect("a parent"))
+                .expect("create a download directory");
+            let body = self.request("GET", &format!("/{BUCKET}/{}", key.replace('=', "%3D")));
+            std::fs::write(&file, body).expect("write a downloaded file");
         }
         keys
     }
