@@ -852,6 +852,45 @@ mod tests {
         }
     }
 
+    #[tokio::test]
+    async fn retention_deletes_whole_days_older_than_each_tables_age() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("store");
+        for part in [
+            "gpu/date=2026-01-01/hour=23",
+            "gpu/date=2026-01-05/hour=00",
+            "node/date=2026-01-01/hour=00",
+        ] {
+            std::fs::create_dir_all(root.join(part)).unwrap();
+            std::fs::write(root.join(part).join("x-1.parquet"), b"x").unwrap();
+        }
+        let store = store::open_store(root.to_str().unwrap(), &Default::default()).unwrap();
+        // 2026-01-09T00:00Z, from the injected clock.
+        let clock = crate::clock::Clock::Manual(std::sync::Arc::new(
+            std::sync::atomic::AtomicI64::new(1_767_916_800_000_000),
+        ));
+        let retention = Retention::parse(&["gpu=7d"]).unwrap();
+        let report = apply_retention(&store, clock.now_us(), &retention)
+            .await
+            .unwrap();
+        // 01-01 ended on 01-02, more than 7 days before; 01-05 did not.
+        assert_eq!(report, RetentionReport { partitions: 1 });
+        assert!(!root.join("gpu/date=2026-01-01").exists());
+        assert!(
+            root.join("gpu/date=2026-01-05/hour=00/x-1.parquet")
+                .exists()
+        );
+        assert!(
+            root.join("node/date=2026-01-01/hour=00/x-1.parquet")
+                .exists()
+        );
+        let report = apply_retention(&store, clock.now_us(), &Retention::parse(&["1d"]).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(report.partitions, 2);
+        assert!(!root.join("node/date=2026-01-01").exists());
+    }
+
     #[test]
     fn only_this_collectors_unreleased_files_are_held_back() {
         let of = Some(("abc".to_owned(), 41));

@@ -199,12 +199,9 @@ fn open_dir(path: &Path) -> Result<Store, StoreError> {
     };
     std::fs::create_dir_all(path).map_err(create)?;
     let path = std::fs::canonicalize(path).map_err(create)?;
+    // Made at the first partition write, not here: a store that only ever
+    // holds imported job traces stays free of it.
     let lock = path.join(LOCK_FILE);
-    File::options()
-        .create(true)
-        .append(true)
-        .open(&lock)
-        .map_err(create)?;
     let store = LocalFileSystem::new_with_prefix(&path).map_err(|source| StoreError::Open {
         store: path.display().to_string(),
         source,
@@ -397,12 +394,12 @@ mod tests {
     }
 
     #[test]
-    fn a_local_store_has_its_root_and_lock_file() {
+    fn a_local_store_has_its_root_and_a_lock_made_on_use() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().join("store");
         let store = open_store(root.to_str().unwrap(), &S3Options::default()).unwrap();
         assert_eq!(store.local, Some(std::fs::canonicalize(&root).unwrap()));
-        assert!(root.join(LOCK_FILE).exists());
+        assert!(!root.join(LOCK_FILE).exists());
         // Shared locks coexist; the exclusive one waits for them.
         let a = lock(&root, false).unwrap();
         let b = lock(&root, false).unwrap();
