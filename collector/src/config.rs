@@ -8,11 +8,18 @@ use chrono::FixedOffset;
 use clap::{Args, Parser, Subcommand};
 use serde::Deserialize;
 
+use gputel_schemas::Table;
+
+use crate::compact::Retention;
 use crate::import::{Format, parse_utc_offset};
+use crate::store::S3Options;
 
 /// The collector's default gRPC port. Not assigned to a well-known service by
 /// IANA, and clear of the Prometheus exporter range (9100-9999).
 pub const DEFAULT_PORT: u16 = 7117;
+
+/// How often a directory store is compacted when not configured.
+pub const DEFAULT_COMPACT_INTERVAL: Duration = Duration::from_secs(10 * 60);
 
 /// Where Parquet files go when no store is configured.
 pub const DEFAULT_STORE: &str = "./gputel-data";
@@ -45,6 +52,91 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     ImportJobs(ImportJobs),
+    Compact(Compact),
+}
+
+/// `gputel-collector compact`.
+#[derive(Debug, Args)]
+#[command(
+    about = "Compacts the small files of closed hours and applies retention, once",
+    long_about = "Merges the files of each closed hour of each table into few large sorted files \
+                  (row groups of 100k to 1M rows), then exits. The serving collector does the \
+                  same every --compact-interval; this runs one round now, e.g. from cron, or \
+                  on a store no collector serves.\n\n\
+                  An hour is closed once it ended --min-age ago. On a local store the new \
+                  hour replaces the old in one atomic directory exchange; on S3 the merged \
+                  files are deleted after the compacted ones are uploaded (see the README). \
+                  Run one compaction per store at a time.\n\n\
+                  With --retention, also deletes date= partitions older than their table's \
+                  age. Store, S3 settings and retention come from --config when not given."
+)]
+pub struct Compact {
+    /// The store: a directory or an object store URL (file://, s3://, memory://)
+    /// [default: the store in --config, else ./gputel-data].
+    #[arg(long, value_name = "DIR|URL")]
+    pub store: Option<String>,
+    /// The collector's TOML configuration file, for the store, S3 settings and retention.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Only this table (repeatable) [default: every table].
+    #[arg(long = "table", value_name = "TABLE")]
+    pub tables: Vec<String>,
+    /// Compact hours that ended at least this long ago.
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub min_age: Duration,
+    /// Only hours that start before this time (RFC 3339, e.g. 2026-05-01T00:00:00Z).
+    #[arg(long, value_name = "TIME")]
+    pub before: Option<chrono::DateTime<chrono::Utc>>,
+    /// Only apply retention; compact nothing.
+    #[arg(long)]
+    pub retention_only: bool,
+    /// Delete partitions older than AGE (every table) or TABLE=AGE (repeatable),
+    /// e.g. --retention 365d --retention gpu=90d [default: the config's].
+    #[arg(long, value_name = "[TABLE=]AGE")]
+    pub retention: Vec<String>,
+}
+
+impl Compact {
+    /// Store, S3 settings and retention: flags over the `--config` file.
+    pub fn resolve(&self) -> Result<(String, S3Options, Retention), ConfigError> {
+        let file = match &self.config {
+            Some(path) => read_file(path)?,
+            None => Settings::default(),
+        };
+        let store = self
+            .store
+            .clone()
+            .or(file.store.clone())
+            .unwrap_or_else(|| DEFAULT_STORE.to_owned());
+        let retention = if self.retention.is_empty() {
+            file.retention.clone().unwrap_or_default()
+        } else {
+            self.retention.clone()
+        };
+        let retention = Retention::parse(&retention).map_err(ConfigError::Invalid)?;
+        Ok((store, file.s3_options(), retention))
+    }
+
+    /// The tables named by `--table`, or all.
+    pub fn tables(&self) -> Result<Vec<Table>, ConfigError> {
+        if self.tables.is_empty() {
+            return Ok(Table::ALL.to_vec());
+        }
+        self.tables
+            .iter()
+            .map(|name| {
+                Table::ALL
+                    .into_iter()
+                    .find(|t| t.name() == name)
+                    .ok_or_else(|| {
+                        ConfigError::Invalid(format!(
+                            "no table {name:?}; tables: {}",
+                            Table::ALL.map(|t| t.name()).join(", ")
+                        ))
+                    })
+            })
+            .collect()
+    }
 }
 
 /// `gputel-collector import-jobs`.
@@ -113,10 +205,33 @@ pub struct Settings {
     /// Address to serve the agents' gRPC streams on [default: 0.0.0.0:7117].
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
-    /// Where Parquet files go: a directory, or an object store URL (file://, memory://)
-    /// [default: ./gputel-data].
+    /// Where Parquet files go: a directory, or an object store URL (s3://bucket/prefix,
+    /// file://, memory://) [default: ./gputel-data].
     #[arg(long, value_name = "DIR|URL")]
     pub store: Option<String>,
+    /// S3 endpoint, for S3-compatible servers (overrides AWS_ENDPOINT_URL).
+    #[arg(long, value_name = "URL")]
+    pub s3_endpoint: Option<String>,
+    /// S3 region (overrides AWS_REGION).
+    #[arg(long, value_name = "REGION")]
+    pub s3_region: Option<String>,
+    /// Allow a plain http:// S3 endpoint (as AWS_ALLOW_HTTP=true).
+    #[arg(long)]
+    #[serde(default)]
+    pub s3_allow_http: bool,
+    /// Address buckets as bucket.host instead of host/bucket.
+    #[arg(long)]
+    #[serde(default)]
+    pub s3_virtual_hosted_style: bool,
+    /// How often closed hours are compacted and retention applied; 0 turns it
+    /// off [default: 10m for a directory store, off for object store URLs].
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[serde(default, with = "humantime_serde")]
+    pub compact_interval: Option<Duration>,
+    /// Delete date partitions older than AGE (every table) or TABLE=AGE
+    /// (repeatable), e.g. --retention 365d --retention gpu=90d [default: keep].
+    #[arg(long, value_name = "[TABLE=]AGE")]
+    pub retention: Option<Vec<String>>,
     /// Directory of the write-ahead log: batches are acknowledged once they are
     /// durable there, and replayed from it after a crash [default: ./gputel-wal].
     #[arg(long, value_name = "DIR")]
@@ -164,11 +279,27 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// The S3 flags as store options.
+    pub fn s3_options(&self) -> S3Options {
+        S3Options {
+            endpoint: self.s3_endpoint.clone(),
+            region: self.s3_region.clone(),
+            allow_http: self.s3_allow_http,
+            virtual_hosted_style: self.s3_virtual_hosted_style,
+        }
+    }
+
     /// These settings, with `other`'s filling the gaps.
     fn or(self, other: Settings) -> Settings {
         Settings {
             listen: self.listen.or(other.listen),
             store: self.store.or(other.store),
+            s3_endpoint: self.s3_endpoint.or(other.s3_endpoint),
+            s3_region: self.s3_region.or(other.s3_region),
+            s3_allow_http: self.s3_allow_http || other.s3_allow_http,
+            s3_virtual_hosted_style: self.s3_virtual_hosted_style || other.s3_virtual_hosted_style,
+            compact_interval: self.compact_interval.or(other.compact_interval),
+            retention: self.retention.or(other.retention),
             wal_dir: self.wal_dir.or(other.wal_dir),
             flush_interval: self.flush_interval.or(other.flush_interval),
             flush_rows: self.flush_rows.or(other.flush_rows),
@@ -192,6 +323,10 @@ impl Settings {
 pub struct Config {
     pub listen: SocketAddr,
     pub store: String,
+    pub s3: S3Options,
+    /// How often maintenance (compaction, retention) runs; None: never.
+    pub compact_interval: Option<Duration>,
+    pub retention: Retention,
     pub wal_dir: PathBuf,
     pub flush_interval: Duration,
     pub flush_rows: usize,
@@ -238,11 +373,25 @@ impl Config {
             None => Settings::default(),
         };
         let s = cli.settings.or(file);
+        let store = s.store.clone().unwrap_or_else(|| DEFAULT_STORE.to_owned());
+        let compact_interval = match s.compact_interval {
+            Some(interval) if interval.is_zero() => None,
+            Some(interval) => Some(interval),
+            // Several collectors may share a bucket and only one should
+            // compact it: on object stores it is asked for explicitly.
+            None if store.contains("://") && !store.starts_with("file://") => None,
+            None => Some(DEFAULT_COMPACT_INTERVAL),
+        };
+        let retention = Retention::parse(s.retention.as_deref().unwrap_or_default())
+            .map_err(ConfigError::Invalid)?;
         let config = Config {
+            s3: s.s3_options(),
+            compact_interval,
+            retention,
             listen: s
                 .listen
                 .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], DEFAULT_PORT))),
-            store: s.store.unwrap_or_else(|| DEFAULT_STORE.to_owned()),
+            store,
             wal_dir: s.wal_dir.unwrap_or_else(|| PathBuf::from("./gputel-wal")),
             flush_interval: s.flush_interval.unwrap_or(Duration::from_secs(60)),
             flush_rows: s.flush_rows.unwrap_or(1_000_000),

@@ -237,6 +237,16 @@ impl Shared {
         self.lock().wal.release(segments)
     }
 
+    /// This collector's id and the last log segment whose rows are stored:
+    /// its files named after later segments may still be written again.
+    pub fn log_position(&self) -> (String, u64) {
+        let state = self.lock();
+        (
+            state.wal.collector_id().to_owned(),
+            state.wal.released_through(),
+        )
+    }
+
     /// Rows buffered now.
     pub fn buffered_rows(&self) -> usize {
         self.lock().buffer.rows()

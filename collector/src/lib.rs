@@ -8,6 +8,7 @@
 
 pub mod buffer;
 pub mod clock;
+pub mod compact;
 pub mod config;
 pub mod flush;
 pub mod import;
@@ -65,7 +66,7 @@ pub enum RunError {
 /// Runs the collector until `shutdown` completes, then writes everything
 /// buffered, acknowledges it, and closes the streams.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
-    let store = store::open(&config.store)?;
+    let store = store::open_store(&config.store, &config.s3)?;
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|source| RunError::Bind {
@@ -95,15 +96,65 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             "replaying the write-ahead log"
         );
     }
-    let serving = serve(listener, store, Clock::System, options, wal, replayed).await?;
+    let serving = serve(
+        listener,
+        Arc::clone(&store.objects),
+        Clock::System,
+        options,
+        wal,
+        replayed,
+    )
+    .await?;
     let addr = serving.local_addr();
     info!(%addr, store = %config.store, flush_interval = ?config.flush_interval, "listening on {addr}");
+    let maintenance = config.compact_interval.map(|interval| {
+        tokio::spawn(maintain(
+            store,
+            Arc::clone(serving.shared()),
+            interval,
+            config.flush_interval,
+            config.retention.clone(),
+        ))
+    });
     shutdown.await;
+    if let Some(task) = maintenance {
+        task.abort();
+    }
     info!("shutting down: writing buffered rows");
     serving.shutdown().await?;
     info!("stopped");
     Ok(())
 }
+
+/// The background maintenance: every `interval`, retention, then compaction
+/// of hours closed for `flush_interval` plus [`COMPACT_GRACE`], leaving
+/// alone this collector's files that its log has not released.
+async fn maintain(
+    store: store::Store,
+    shared: Arc<Shared>,
+    interval: Duration,
+    flush_interval: Duration,
+    retention: compact::Retention,
+) {
+    let mut timer = tokio::time::interval(interval);
+    timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        timer.tick().await;
+        let options = compact::CompactOptions {
+            min_age: flush_interval + COMPACT_GRACE,
+            unreleased_of: Some(shared.log_position()),
+            ..compact::CompactOptions::default()
+        };
+        let now_us = Clock::System.now_us();
+        if let Err(e) = compact::maintain(&store, now_us, Some(&options), &retention).await {
+            warn!(error = %e, "compaction or retention failed; retried in {interval:?}");
+        }
+    }
+}
+
+/// How long after its end, beyond one flush interval, an hour is compacted:
+/// time for agents' late batches to arrive.
+pub const COMPACT_GRACE: Duration = Duration::from_secs(5 * 60);
 
 /// The settings [`serve`] needs.
 #[derive(Debug, Clone)]

@@ -1,15 +1,17 @@
 use anyhow::Context;
 use clap::Parser;
 use gputel_collector::clock::Clock;
-use gputel_collector::config::{Cli, Command, Config, ImportJobs};
-use gputel_collector::{import, store};
+use gputel_collector::config::{Cli, Command, Compact, Config, ImportJobs};
+use gputel_collector::{compact, import, store};
 use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let mut cli = Cli::parse();
-    if let Some(Command::ImportJobs(args)) = cli.command.take() {
-        return import_jobs(args).await;
+    match cli.command.take() {
+        Some(Command::ImportJobs(args)) => return import_jobs(args).await,
+        Some(Command::Compact(args)) => return compact(args).await,
+        None => {}
     }
     let config = Config::load(cli)?;
     let filter = EnvFilter::try_from_default_env()
@@ -45,6 +47,42 @@ async fn import_jobs(args: ImportJobs) -> anyhow::Result<()> {
         "imported {} jobs from {file} ({} lines skipped) into {store_spec}",
         trace.jobs.len(),
         trace.skipped.len()
+    );
+    Ok(())
+}
+
+/// `gputel-collector compact`: one round of retention and compaction; the
+/// log on stderr, one summary line on stdout.
+async fn compact(args: Compact) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let (store_spec, s3, retention) = args.resolve()?;
+    let options = compact::CompactOptions {
+        tables: args.tables()?,
+        min_age: args.min_age,
+        before_us: args.before.map(|t| t.timestamp_micros()),
+        ..compact::CompactOptions::default()
+    };
+    let store = store::open_store(&store_spec, &s3)?;
+    let options = (!args.retention_only).then_some(&options);
+    let (compacted, deleted) =
+        compact::maintain(&store, Clock::System.now_us(), options, &retention)
+            .await
+            .with_context(|| format!("maintenance of {store_spec} stopped"))?;
+    println!(
+        "compacted {} hours ({} files, {} rows, {} bytes -> {} files, {} bytes; {} hours changed meanwhile, left for the next run); deleted {} partitions past retention in {store_spec}",
+        compacted.hours,
+        compacted.files_in,
+        compacted.rows,
+        compacted.bytes_in,
+        compacted.files_out,
+        compacted.bytes_out,
+        compacted.hours_skipped,
+        deleted.partitions,
     );
     Ok(())
 }

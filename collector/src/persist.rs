@@ -32,6 +32,13 @@ pub const FLOAT_ENCODING: Encoding = Encoding::BYTE_STREAM_SPLIT;
 pub const BOOLEAN_ENCODING: Encoding = Encoding::RLE;
 /// False-positive rate of the bloom filters on string key columns.
 pub const BLOOM_FILTER_FPP: f64 = 0.01;
+/// Fewest rows a compacted row group should hold (DuckDB's parallel unit):
+/// compaction splits a file into equal row groups of at most
+/// [`MAX_ROW_GROUP_ROWS`], so this holds whenever the hour has this many rows.
+pub const MIN_COMPACTED_ROW_GROUP_ROWS: usize = 100_000;
+/// Most rows in one compacted file, which compaction sorts in memory; an
+/// hour with more becomes several files.
+pub const MAX_COMPACTED_FILE_ROWS: usize = 8 << 20;
 
 /// Why a file could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -110,6 +117,22 @@ pub fn properties(
             .set_column_bloom_filter_fpp(col, BLOOM_FILTER_FPP);
     }
     props.build()
+}
+
+/// Rows per row group for a file of `rows` rows: equal groups of at most
+/// [`MAX_ROW_GROUP_ROWS`], so no group is a small remainder.
+pub fn even_row_group_rows(rows: usize) -> usize {
+    let groups = rows.div_ceil(MAX_ROW_GROUP_ROWS).max(1);
+    rows.div_ceil(groups).max(1)
+}
+
+/// Writer properties of a compacted file of `rows` rows: the table's, with
+/// equal row groups.
+pub fn compacted_properties(table: Table, rows: usize) -> WriterProperties {
+    writer_properties(table)
+        .into_builder()
+        .set_max_row_group_row_count(Some(even_row_group_rows(rows)))
+        .build()
 }
 
 /// Sorts a table's rows by its sort key.

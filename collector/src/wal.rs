@@ -167,6 +167,11 @@ impl Wal {
         Ok((wal, replayed))
     }
 
+    /// The last segment whose rows are stored; every earlier one is too.
+    pub fn released_through(&self) -> u64 {
+        self.state.released_through
+    }
+
     /// Identifies this collector's files in the store; stable across restarts.
     pub fn collector_id(&self) -> &str {
         &self.state.collector_id

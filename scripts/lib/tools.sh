@@ -91,3 +91,18 @@ ensure_cargo_fuzz() {
   fi
   export PATH="$root/bin:$PATH"
 }
+
+# Sets GPUTEL_S3_SERVER to an S3-compatible server for the object-store tests:
+# moto's server mode (PyPI: moto[server]) in the venv. Pure Python, starts in
+# about a second, keeps objects in memory, and speaks the S3 REST API that
+# object_store's S3 client uses (ListObjectsV2, multipart, conditional GET).
+ensure_s3_server() {
+  ensure_venv
+  if [[ ! -x $VENV_BIN/moto_server ]]; then
+    say "installing an S3-compatible test server (PyPI: moto[server])"
+    "$VENV_BIN/pip" install --quiet --disable-pip-version-check 'moto[server]' \
+      || die "could not install moto[server] from PyPI; install it and set GPUTEL_S3_SERVER to its moto_server"
+  fi
+  "$VENV_BIN/moto_server" --help >/dev/null 2>&1 || die "the S3 test server at $VENV_BIN/moto_server does not run"
+  export GPUTEL_S3_SERVER="$VENV_BIN/moto_server"
+}

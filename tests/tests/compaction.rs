@@ -1,0 +1,252 @@
+//! `gputel-collector compact` on a local store: the many small files of a
+//! closed hour become one, DuckDB finds the same rows and keys before and
+//! after, queries running during the compaction never see a row twice or
+//! miss one, and late rows flushed into a compacted hour are kept once.
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use gputel_tests::{collector_bin, duckdb, duckdb_bin, duckdb_value, loadgen_bin, start_collector};
+use serde_json::json;
+
+const AGENTS: u64 = 4;
+const GPUS: u64 = 8;
+const TICKS: u64 = 900;
+
+fn loadgen(addr: &str, prefix: &str, start: &str) {
+    let out = Command::new(loadgen_bin())
+        .args([
+            "--collector",
+            &format!("http://{addr}"),
+            "--timeout",
+            "120s",
+        ])
+        .args(["--agents", &AGENTS.to_string(), "--gpus", &GPUS.to_string()])
+        .args(["--ticks", &TICKS.to_string(), "--interval-ms", "1000"])
+        .args(["--start-ts", start, "--node-prefix", prefix])
+        .output()
+        .expect("run gputel-loadgen");
+    assert!(
+        out.status.success(),
+        "gputel-loadgen failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Rows, distinct keys and a checksum of the keys of the `gpu` table.
+fn summary_sql(store: &Path) -> String {
+    format!(
+        "select count(*) as n, count(distinct (node, gpu, ts)) as k, \
+         sum(hash(node, gpu, ts)::hugeint)::varchar as h \
+         from read_parquet('{}/gpu/**/*.parquet')",
+        store.display()
+    )
+}
+
+fn parquet_files(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("read the hour directory")
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".parquet"))
+        .collect();
+    names.sort();
+    names
+}
+
+fn compact(store: &Path) -> String {
+    let out = Command::new(collector_bin())
+        .args(["compact", "--min-age", "0s", "--store"])
+        .arg(store)
+        .output()
+        .expect("run gputel-collector compact");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "compact failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// One reader's query: when it ran and what it returned (or its error).
+struct Query {
+    started: Instant,
+    ended: Instant,
+    result: Result<String, String>,
+}
+
+#[test]
+fn compaction_keeps_every_row_once_even_for_concurrent_readers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    // An hour that closed at least an hour ago, in UTC.
+    let start = duckdb_value(
+        tmp.path(),
+        "select strftime(date_trunc('hour', now() at time zone 'UTC') - interval 2 hour, \
+         '%Y-%m-%dT%H:00:00Z')",
+    );
+    let start = start.as_str().expect("a time").to_owned();
+    let hour_dir = store.join(format!("gpu/date={}/hour={}", &start[..10], &start[11..13]));
+
+    let (collector, addr) = start_collector(
+        &store,
+        &[
+            "--flush-interval",
+            "100ms",
+            "--flush-rows",
+            "1000",
+            "--max-unwritten-rows",
+            "2000",
+            "--compact-interval",
+            "0",
+        ],
+    );
+    loadgen(&addr, "n-", &start);
+    assert!(
+        collector
+            .terminate(Duration::from_secs(60))
+            .status
+            .success()
+    );
+
+    let before_files = parquet_files(&hour_dir);
+    assert!(before_files.len() >= 10, "{before_files:?}");
+    let sql = summary_sql(&store);
+    let before = duckdb(tmp.path(), &sql);
+    let rows = AGENTS * GPUS * TICKS;
+    assert_eq!(before[0]["n"], json!(rows));
+    assert_eq!(before[0]["k"], json!(rows));
+    let expected = serde_json::to_string(&before).unwrap();
+
+    // Readers query in a loop while the compaction runs.
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicUsize::new(0));
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let stop = Arc::clone(&stop);
+            let done = Arc::clone(&done);
+            let sql = sql.clone();
+            let dir = tmp.path().to_owned();
+            std::thread::spawn(move || {
+                let mut queries = Vec::new();
+                while !stop.load(Ordering::SeqCst) {
+                    let started = Instant::now();
+                    let out = Command::new(duckdb_bin())
+                        .current_dir(&dir)
+                        .args(["-json", "-c", &sql])
+                        .output()
+                        .expect("run duckdb");
+                    let result = if out.status.success() {
+                        let rows: serde_json::Value =
+                            serde_json::from_slice(&out.stdout).expect("duckdb's json");
+                        Ok(serde_json::to_string(&rows).expect("json"))
+                    } else {
+                        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+                    };
+                    queries.push(Query {
+                        started,
+                        ended: Instant::now(),
+                        result,
+                    });
+                    done.fetch_add(1, Ordering::SeqCst);
+                }
+                queries
+            })
+        })
+        .collect();
+    // The readers are warm (each query cached nothing) before it starts.
+    while done.load(Ordering::SeqCst) < 2 {
+        std::thread::yield_now();
+    }
+    let compact_started = Instant::now();
+    let report = compact(&store);
+    let compact_ended = Instant::now();
+    stop.store(true, Ordering::SeqCst);
+    let queries: Vec<Query> = readers
+        .into_iter()
+        .flat_map(|r| r.join().expect("reader thread"))
+        .collect();
+
+    let overlapping = queries
+        .iter()
+        .filter(|q| q.started < compact_ended && q.ended > compact_started)
+        .count();
+    let mut failed = 0;
+    for q in &queries {
+        match &q.result {
+            Ok(got) => assert_eq!(got, &expected, "a query saw other rows during compaction"),
+            // The one reader-side failure: a query that listed a merged
+            // file before the exchange and opens it after finds it gone.
+            Err(e) => {
+                assert!(
+                    e.contains("No such file") || e.contains("No files found"),
+                    "unexpected reader error: {e}"
+                );
+                failed += 1;
+            }
+        }
+    }
+    eprintln!(
+        "{} queries, {overlapping} overlapping the compaction, {failed} failed with a vanished file; {report}",
+        queries.len()
+    );
+    assert!(overlapping >= 1, "no query overlapped the compaction");
+    assert!(
+        queries.len() - failed >= 1,
+        "no query succeeded: {failed} failed"
+    );
+
+    // One sorted file with the same rows and keys; its row group holds them all.
+    let after_files = parquet_files(&hour_dir);
+    assert_eq!(after_files.len(), 1, "{after_files:?}");
+    assert!(after_files[0].starts_with("c-"), "{after_files:?}");
+    assert_eq!(
+        serde_json::to_string(&duckdb(tmp.path(), &sql)).unwrap(),
+        expected
+    );
+    let groups = duckdb(
+        tmp.path(),
+        &format!(
+            "select row_group_id, any_value(row_group_num_rows) as n from parquet_metadata('{}') group by all",
+            hour_dir.join(&after_files[0]).display()
+        ),
+    );
+    assert_eq!(groups.len(), 1, "{groups:?}");
+    assert_eq!(groups[0]["n"], json!(rows));
+    assert!(
+        !store.join(".compacting").exists()
+            || std::fs::read_dir(store.join(".compacting"))
+                .unwrap()
+                .next()
+                .is_none(),
+        "staging directories left behind"
+    );
+
+    // Late rows for the compacted hour, from a restarted collector (same
+    // log, same collector id): stored beside the compacted file, once.
+    let (collector, addr) = start_collector(
+        &store,
+        &["--flush-interval", "100ms", "--compact-interval", "0"],
+    );
+    loadgen(&addr, "late-", &start);
+    assert!(
+        collector
+            .terminate(Duration::from_secs(60))
+            .status
+            .success()
+    );
+    let total = duckdb(tmp.path(), &sql);
+    assert_eq!(total[0]["n"], json!(2 * rows));
+    assert_eq!(total[0]["k"], json!(2 * rows));
+    compact(&store);
+    assert_eq!(parquet_files(&hour_dir).len(), 1);
+    assert_eq!(
+        serde_json::to_string(&duckdb(tmp.path(), &sql)).unwrap(),
+        serde_json::to_string(&total).unwrap()
+    );
+}

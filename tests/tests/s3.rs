@@ -1,0 +1,319 @@
+//! The collector on a real S3-compatible server (moto's server mode, which
+//! scripts/test installs and names in `GPUTEL_S3_SERVER`) on loopback: files
+//! land under the bucket's prefix, two collectors share a bucket without a
+//! name colliding, `import-jobs` writes there too, and a store that is down
+//! at first loses nothing.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use gputel_tests::{
+    Running, collector_bin, duckdb_value, loadgen_bin, unused_port, workspace_root,
+};
+use serde_json::json;
+
+const BUCKET: &str = "gputel-test";
+const PREFIX: &str = "cluster-a/telemetry";
+
+/// The S3 server command: `$GPUTEL_S3_SERVER`; under CI a missing one fails.
+fn s3_server_bin() -> Option<PathBuf> {
+    match std::env::var_os("GPUTEL_S3_SERVER") {
+        Some(path) => Some(PathBuf::from(path)),
+        None if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("GPUTEL_S3_SERVER is not set: scripts/test installs moto[server] and sets it")
+        }
+        None => {
+            eprintln!("skipped: GPUTEL_S3_SERVER is not set (scripts/test installs moto[server])");
+            None
+        }
+    }
+}
+
+/// A running S3 server on 127.0.0.1.
+struct S3 {
+    _server: Running,
+    port: u16,
+}
+
+impl S3 {
+    /// Starts the server on `port` and waits until it answers.
+    fn start(bin: &Path, port: u16) -> S3 {
+        let mut cmd = Command::new(bin);
+        cmd.args(["-H", "127.0.0.1", "-p", &port.to_string()]);
+        let server = Running::spawn(cmd);
+        let s3 = S3 {
+            _server: server,
+            port,
+        };
+        // Waits on the API itself: a listing of buckets answers 200.
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok((200, _)) = s3.try_request("GET", "/") {
+                return s3;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the S3 server on port {port} did not answer within 60 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// One HTTP/1.0 request with a dummy signature: moto checks none, but
+    /// refuses anonymous reads of private objects.
+    fn try_request(&self, method: &str, path: &str) -> std::io::Result<(u16, Vec<u8>)> {
+        let mut conn = TcpStream::connect(("127.0.0.1", self.port))?;
+        conn.set_read_timeout(Some(Duration::from_secs(30)))?;
+        write!(
+            conn,
+            "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\n\
+             Authorization: AWS4-HMAC-SHA256 Credential=testing/20260101/us-east-1/s3/aws4_request, \
+             SignedHeaders=host, Signature=0\r\n\r\n",
+            self.port
+        )?;
+        let mut response = Vec::new();
+        conn.read_to_end(&mut response)?;
+        let split = response
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .ok_or_else(|| std::io::Error::other("no end of headers"))?;
+        let head = String::from_utf8_lossy(&response[..split]).into_owned();
+        let status = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| std::io::Error::other(format!("no status in {head:?}")))?;
+        Ok((status, response[split + 4..].to_vec()))
+    }
+
+    fn request(&self, method: &str, path: &str) -> Vec<u8> {
+        let (status, body) = self
+            .try_request(method, path)
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        assert_eq!(
+            status,
+            200,
+            "{method} {path}: {}",
+            String::from_utf8_lossy(&body)
+        );
+        body
+    }
+
+    fn create_bucket(&self) {
+        self.request("PUT", &format!("/{BUCKET}"));
+    }
+
+    /// Every key in the bucket under `prefix` (ListObjectsV2, all pages).
+    fn keys(&self, prefix: &str) -> Vec<String> {
+        let mut keys = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let mut path = format!("/{BUCKET}?list-type=2&prefix={prefix}");
+            if let Some(t) = &token {
+                path.push_str(&format!("&continuation-token={t}"));
+            }
+            let body = String::from_utf8(self.request("GET", &path)).expect("utf-8 listing");
+            keys.extend(between_all(&body, "<Key>", "</Key>"));
+            token = between_all(&body, "<NextContinuationToken>", "</NextContinuationToken>")
+                .into_iter()
+                .next();
+            if token.is_none() {
+                return keys;
+            }
+        }
+    }
+
+    /// Downloads every object under `prefix` into `dir`, by the key's path
+    /// below the prefix.
+    fn download(&self, prefix: &str, dir: &Path) -> Vec<String> {
+        let keys = self.keys(prefix);
+        for key in &keys {
+            let rel = key.strip_prefix(prefix).expect("listed under the prefix");
+            let file = dir.join(rel.trim_start_matches('/'));
+            std::fs::create_dir_all(file.parent().expect("a parent"))
+                .expect("create a download directory");
+            let body = self.request("GET", &format!("/{BUCKET}/{}", key.replace('=', "%3D")));
+            std::fs::write(&file, body).expect("write a downloaded file");
+        }
+        keys
+    }
+}
+
+fn between_all(text: &str, open: &str, close: &str) -> Vec<String> {
+    text.split(open)
+        .skip(1)
+        .filter_map(|rest| rest.split_once(close).map(|(v, _)| v.to_owned()))
+        .collect()
+}
+
+/// The environment an S3 client of this server needs.
+fn s3_env(cmd: &mut Command) -> &mut Command {
+    cmd.env("AWS_ACCESS_KEY_ID", "testing")
+        .env("AWS_SECRET_ACCESS_KEY", "testing")
+        .env("AWS_REGION", "us-east-1")
+        .env_remove("AWS_ENDPOINT_URL")
+        .env_remove("AWS_SESSION_TOKEN")
+}
+
+/// A collector writing to `s3://BUCKET/<prefix>` on `s3`, its log in `wal`.
+fn s3_collector(endpoint: &str, prefix: &str, wal: &Path, extra: &[&str]) -> (Running, String) {
+    let mut cmd = Command::new(collector_bin());
+    s3_env(&mut cmd)
+        .args(["--plaintext", "--listen", "127.0.0.1:0"])
+        .args(["--store", &format!("s3://{BUCKET}/{prefix}")])
+        .args(["--s3-endpoint", endpoint, "--s3-allow-http"])
+        .arg("--wal-dir")
+        .arg(wal)
+        .args(["--flush-interval", "300ms"])
+        .args(extra)
+        .env("RUST_LOG", "info");
+    let mut collector = Running::spawn(cmd);
+    let line = collector.wait_for_log("listening on ", Duration::from_secs(30));
+    let addr = line
+        .split("listening on ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("an address")
+        .to_owned();
+    (collector, addr)
+}
+
+fn loadgen(addr: &str, prefix: &str, agents: u32, ticks: u64) {
+    let out = Command::new(loadgen_bin())
+        .args([
+            "--collector",
+            &format!("http://{addr}"),
+            "--timeout",
+            "120s",
+        ])
+        .args(["--agents", &agents.to_string(), "--gpus", "8"])
+        .args(["--ticks", &ticks.to_string(), "--node-prefix", prefix])
+        .output()
+        .expect("run gputel-loadgen");
+    assert!(
+        out.status.success(),
+        "gputel-loadgen failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn gpu_rows(dir: &Path, local: &Path, node_prefix: &str) -> (u64, u64) {
+    let scan = format!(
+        "read_parquet('{}/gpu/**/*.parquet', hive_partitioning = true)",
+        local.display()
+    );
+    let n = duckdb_value(
+        dir,
+        &format!("select count(*) from {scan} where starts_with(node, '{node_prefix}')"),
+    );
+    let k = duckdb_value(
+        dir,
+        &format!(
+            "select count(distinct (node, gpu, ts)) from {scan} where starts_with(node, '{node_prefix}')"
+        ),
+    );
+    (n.as_u64().expect("count"), k.as_u64().expect("count"))
+}
+
+#[test]
+fn two_collectors_share_a_bucket_and_import_jobs_writes_there() {
+    let Some(bin) = s3_server_bin() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let s3 = S3::start(&bin, unused_port());
+    s3.create_bucket();
+
+    let (a, addr_a) = s3_collector(&s3.endpoint(), PREFIX, &tmp.path().join("a.wal"), &[]);
+    let (b, addr_b) = s3_collector(&s3.endpoint(), PREFIX, &tmp.path().join("b.wal"), &[]);
+    loadgen(&addr_a, "a-", 2, 40);
+    loadgen(&addr_b, "b-", 3, 40);
+    for collector in [a, b] {
+        let out = collector.terminate(Duration::from_secs(60));
+        assert!(out.status.success(), "collector exit: {:?}", out.status);
+    }
+
+    // Acme trace import through the same store code, S3 settings from the
+    // environment only.
+    let mut import = Command::new(collector_bin());
+    s3_env(&mut import)
+        .env("AWS_ENDPOINT_URL", s3.endpoint())
+        .env("AWS_ALLOW_HTTP", "true")
+        .args(["import-jobs", "--format", "acme"])
+        .arg(workspace_root().join("collector/tests/data/acme.csv"))
+        .args(["--store", &format!("s3://{BUCKET}/{PREFIX}")]);
+    let out = import.output().expect("run import-jobs");
+    assert!(
+        out.status.success(),
+        "import-jobs: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let local = tmp.path().join("downloaded");
+    let keys = s3.download(PREFIX, &local);
+    // Nothing outside the prefix, nothing but Parquet files inside it.
+    assert_eq!(s3.keys("").len(), keys.len());
+    assert!(keys.iter().all(|k| k.ends_with(".parquet")), "{keys:?}");
+    // Each collector's files carry its own id: the two sets do not meet.
+    let gpu_stems: Vec<&str> = keys
+        .iter()
+        .filter(|k| k.contains("/gpu/"))
+        .map(|k| k.rsplit('/').next().unwrap().split('-').next().unwrap())
+        .collect();
+    let ids: std::collections::BTreeSet<&str> = gpu_stems.iter().copied().collect();
+    assert_eq!(ids.len(), 2, "two collector ids in {gpu_stems:?}");
+    assert!(
+        keys.iter()
+            .any(|k| k.starts_with(&format!("{PREFIX}/scheduler_job/month="))),
+        "{keys:?}"
+    );
+
+    assert_eq!(gpu_rows(tmp.path(), &local, "a-"), (2 * 8 * 40, 2 * 8 * 40));
+    assert_eq!(gpu_rows(tmp.path(), &local, "b-"), (3 * 8 * 40, 3 * 8 * 40));
+    let jobs = duckdb_value(
+        tmp.path(),
+        &format!(
+            "select count(*) > 0 from read_parquet('{}/scheduler_job/**/*.parquet')",
+            local.display()
+        ),
+    );
+    assert_eq!(jobs, json!(true));
+}
+
+#[test]
+fn a_store_down_at_first_loses_nothing_and_doubles_nothing() {
+    let Some(bin) = s3_server_bin() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let port = unused_port();
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let wal = tmp.path().join("c.wal");
+    // Few unwritten rows allowed: acknowledgements stop soon and the load
+    // generator's agents keep their batches and retry.
+    let (collector, addr) = s3_collector(&endpoint, PREFIX, &wal, &["--max-unwritten-rows", "500"]);
+    let mut collector = collector;
+    let agents = std::thread::spawn(move || loadgen(&addr, "late-", 2, 60));
+    collector.wait_for_log("flush failed", Duration::from_secs(60));
+    assert!(
+        !agents.is_finished(),
+        "the agents finished although nothing could be stored"
+    );
+
+    let s3 = S3::start(&bin, port);
+    s3.create_bucket();
+    agents.join().expect("load generator thread");
+    let out = collector.terminate(Duration::from_secs(60));
+    assert!(out.status.success(), "collector exit: {:?}", out.status);
+
+    let local = tmp.path().join("downloaded");
+    s3.download(PREFIX, &local);
+    assert_eq!(
+        gpu_rows(tmp.path(), &local, "late-"),
+        (2 * 8 * 60, 2 * 8 * 60)
+    );
+}
