@@ -10,6 +10,7 @@ use gputel_agent::metrics::{self, Metrics};
 use gputel_agent::sampling::{self, Samplers};
 use gputel_agent::snapshot;
 use gputel_agent::spool::Spool;
+use gputel_agent::systemd::{self, Progress};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity as TlsIdentity};
 use tracing::{error, info, warn};
 use tracing_subscriber::EnvFilter;
@@ -90,6 +91,15 @@ fn main() -> anyhow::Result<()> {
         None => None,
     };
     let recorder = metrics_endpoint.as_ref().map(|(_, m)| Arc::clone(m));
+    let ready_status = format!(
+        "sampling {} every {:?}; delivering to {}",
+        match &samplers.gpu {
+            Ok(gpu) => format!("{} GPUs and the host", gpu.gpu_count()),
+            Err(_) => "the host (no GPUs)".to_owned(),
+        },
+        config.interval,
+        config.collector
+    );
     info!(node = %identity.node, agent_id = %identity.agent_id, collector = %config.collector, interval = ?config.interval, "starting");
 
     // One thread for the network side is plenty at one batch per interval.
@@ -100,15 +110,25 @@ fn main() -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
     let interval = config.interval;
     let ticks = cli.ticks;
+    let progress = Arc::new(Progress::new());
+    let sampling_progress = Arc::clone(&progress);
     let sampler = std::thread::Builder::new()
         .name("sampler".into())
         .spawn(move || {
-            sampling::run(samplers, interval, ticks, first_seq, &stop_rx, |batch| {
-                if let Some(metrics) = &recorder {
-                    metrics.record(&batch);
-                }
-                batch_tx.blocking_send(batch).is_ok()
-            })
+            sampling::run(
+                samplers,
+                interval,
+                ticks,
+                first_seq,
+                &stop_rx,
+                &sampling_progress,
+                |batch| {
+                    if let Some(metrics) = &recorder {
+                        metrics.record(&batch);
+                    }
+                    batch_tx.blocking_send(batch).is_ok()
+                },
+            )
         })?;
 
     let delivery = runtime.block_on(async {
@@ -148,15 +168,32 @@ fn main() -> anyhow::Result<()> {
                 }
             }
         });
+        // NVML is loaded, the spool open, /metrics bound and the sampler
+        // running: from here on the agent does its job.
+        systemd::ready(&ready_status);
+        let watchdog = systemd::watchdog_timeout().map(|timeout| {
+            info!(
+                ?timeout,
+                "petting the systemd watchdog while the sampling loop makes progress"
+            );
+            tokio::spawn(async move { systemd::pet_watchdog(&progress, timeout).await })
+        });
         tokio::pin!(delivering);
         let delivery = tokio::select! {
-            delivery = &mut delivering => delivery,
+            delivery = &mut delivering => {
+                systemd::stopping("stopping: sampling ended");
+                delivery
+            }
             () = shutdown_signal() => {
                 info!("stopping: delivering what was sampled");
+                systemd::stopping("stopping: delivering what was sampled");
                 let _ = stop_tx.send(());
                 delivering.await
             }
         };
+        if let Some(watchdog) = watchdog {
+            watchdog.abort();
+        }
         // /metrics keeps answering while the agent drains, and stops with it.
         let _ = stop_serving.send(());
         if let Some(serving) = serving

@@ -5,6 +5,8 @@
 //! per table and partition) → [`flush`] (timer, size, shutdown) →
 //! [`persist`] (sort, encode, put) → the store. [`import`] writes a
 //! scheduler's job trace to the same store (`gputel-collector import-jobs`).
+//! [`systemd`] tells the service manager when the collector is ready and
+//! pets its watchdog while the loops make progress.
 
 pub mod buffer;
 pub mod clock;
@@ -14,6 +16,7 @@ pub mod import;
 pub mod ingest;
 pub mod persist;
 pub mod store;
+pub mod systemd;
 pub mod validate;
 pub mod wal;
 
@@ -98,8 +101,14 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let serving = serve(listener, store, Clock::System, options, wal, replayed).await?;
     let addr = serving.local_addr();
     info!(%addr, store = %config.store, flush_interval = ?config.flush_interval, "listening on {addr}");
-    shutdown.await;
+    // The log is replayed and written out, and the port is bound.
+    systemd::ready(&format!("listening on {addr}; writing to {}", config.store));
+    tokio::select! {
+        () = shutdown => {}
+        () = systemd::watchdog(&serving, config.flush_interval) => {}
+    }
     info!("shutting down: writing buffered rows");
+    systemd::stopping("stopping: writing buffered rows");
     serving.shutdown().await?;
     info!("stopped");
     Ok(())
@@ -223,6 +232,11 @@ impl Serving {
     /// State shared by the streams and the flush loop.
     pub fn shared(&self) -> &Arc<Shared> {
         &self.shared
+    }
+
+    /// Whether the gRPC server task is still running.
+    pub fn is_serving(&self) -> bool {
+        !self.server.is_finished()
     }
 
     /// Stops taking batches, writes what is buffered and sends its
