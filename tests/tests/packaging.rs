@@ -32,7 +32,7 @@ fn deb_of(dir: &Path, package: &str) -> PathBuf {
     let prefix = format!("{package}_");
     let debs: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
-        .map(|e| e.unwrap().path())
+        .map(|e| e.expect("directory entry").path())
         .filter(|p| {
             p.file_name()
                 .and_then(|n| n.to_str())
@@ -45,7 +45,7 @@ fn deb_of(dir: &Path, package: &str) -> PathBuf {
         "one {package} package in {}: {debs:?}",
         dir.display()
     );
-    debs.into_iter().next().unwrap()
+    debs.into_iter().next().expect("one package")
 }
 
 fn dpkg_deb(args: &[&str], deb: &Path) -> String {
@@ -59,7 +59,7 @@ fn dpkg_deb(args: &[&str], deb: &Path) -> String {
         "dpkg-deb {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8(out.stdout).unwrap()
+    String::from_utf8(out.stdout).expect("dpkg-deb prints UTF-8")
 }
 
 /// `dpkg-deb --contents`: path → (permissions, owner/group).
@@ -68,12 +68,17 @@ fn contents(deb: &Path) -> BTreeMap<String, (String, String)> {
         .lines()
         .map(|line| {
             let fields: Vec<&str> = line.split_whitespace().collect();
-            let path = fields.last().unwrap().trim_start_matches('.').to_owned();
+            let path = fields
+                .last()
+                .expect("a path")
+                .trim_start_matches('.')
+                .to_owned();
             (path, (fields[0].to_owned(), fields[1].to_owned()))
         })
         .collect()
 }
 
+#[allow(clippy::unwrap_used, reason = "called only by tests: a panic is the failure report")]
 fn check_package(package: &str, config: &str, purged: &str) {
     let Some(dir) = deb_dir() else { return };
     let deb = deb_of(&dir, package);

@@ -61,7 +61,7 @@ fn units_with_built_programs(dir: &Path) -> Vec<PathBuf> {
                 &format!("ExecStart={program} "),
                 &format!("ExecStart={} ", built.display()),
             );
-            std::fs::write(&path, rewritten).unwrap();
+            std::fs::write(&path, rewritten).expect("write the unit");
             path
         })
         .collect()
@@ -133,7 +133,7 @@ fn exposure_at_most(unit: &Path, threshold: u32) -> Output {
         .arg(format!("--threshold={threshold}"))
         .arg(unit)
         .output()
-        .unwrap()
+        .expect("run systemd-analyze security")
 }
 
 #[test]
