@@ -94,6 +94,7 @@ fn main() -> anyhow::Result<()> {
     let ready_status = format!(
         "sampling {} every {:?}; delivering to {}",
         match &samplers.gpu {
+            Ok(gpu) if gpu.gpu_count() == 1 => "1 GPU and the host".to_owned(),
             Ok(gpu) => format!("{} GPUs and the host", gpu.gpu_count()),
             Err(_) => "the host (no GPUs)".to_owned(),
         },

@@ -152,7 +152,7 @@ fn a_hung_sampler_stops_the_watchdog_pets() {
 
     let ready = notify.wait_for("READY=1");
     assert!(
-        status_of(&ready).starts_with("sampling 1 GPUs and the host"),
+        status_of(&ready).starts_with("sampling 1 GPU and the host every 100ms"),
         "{ready:?}"
     );
     notify.wait_for("WATCHDOG=1");
