@@ -78,7 +78,10 @@ fn contents(deb: &Path) -> BTreeMap<String, (String, String)> {
         .collect()
 }
 
-#[allow(clippy::unwrap_used, reason = "called only by tests: a panic is the failure report")]
+#[allow(
+    clippy::unwrap_used,
+    reason = "called only by tests: a panic is the failure report"
+)]
 fn check_package(package: &str, config: &str, purged: &str) {
     let Some(dir) = deb_dir() else { return };
     let deb = deb_of(&dir, package);
