@@ -5,6 +5,8 @@
 //! Data flow: [`sampler`] (one file per source) → [`sampling`] (the tick loop,
 //! on its own thread) → [`client`] (queue, stream, acknowledgements); the
 //! latest tick also goes to [`metrics`], the local Prometheus endpoint.
+//! [`systemd`] tells the service manager when the agent is ready and pets
+//! its watchdog while the sampling loop makes progress.
 
 pub mod client;
 pub mod config;
@@ -14,3 +16,4 @@ pub mod sampler;
 pub mod sampling;
 pub mod snapshot;
 pub mod spool;
+pub mod systemd;

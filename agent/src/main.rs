@@ -10,6 +10,7 @@ use gputel_agent::metrics::{self, Metrics};
 use gputel_agent::sampling::{self, Samplers};
 use gputel_agent::snapshot;
 use gputel_agent::spool::Spool;
+use gputel_agent::systemd::{self, Progress};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity as TlsIdentity};
 use tracing::{error, info, warn};
 use tracing_subscriber::EnvFilter;
@@ -90,25 +91,49 @@ fn main() -> anyhow::Result<()> {
         None => None,
     };
     let recorder = metrics_endpoint.as_ref().map(|(_, m)| Arc::clone(m));
+    let ready_status = format!(
+        "sampling {} every {:?}; delivering to {}",
+        match &samplers.gpu {
+            Ok(gpu) if gpu.gpu_count() == 1 => "1 GPU and the host".to_owned(),
+            Ok(gpu) => format!("{} GPUs and the host", gpu.gpu_count()),
+            Err(_) => "the host (no GPUs)".to_owned(),
+        },
+        config.interval,
+        config.collector
+    );
     info!(node = %identity.node, agent_id = %identity.agent_id, collector = %config.collector, interval = ?config.interval, "starting");
 
     // One thread for the network side is plenty at one batch per interval.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    let shutdown = {
+        let _runtime = runtime.enter();
+        shutdown_signal()?
+    };
     let (batch_tx, batch_rx) = tokio::sync::mpsc::channel(HANDOFF);
     let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
     let interval = config.interval;
     let ticks = cli.ticks;
+    let progress = Arc::new(Progress::new());
+    let sampling_progress = Arc::clone(&progress);
     let sampler = std::thread::Builder::new()
         .name("sampler".into())
         .spawn(move || {
-            sampling::run(samplers, interval, ticks, first_seq, &stop_rx, |batch| {
-                if let Some(metrics) = &recorder {
-                    metrics.record(&batch);
-                }
-                batch_tx.blocking_send(batch).is_ok()
-            })
+            sampling::run(
+                samplers,
+                interval,
+                ticks,
+                first_seq,
+                &stop_rx,
+                &sampling_progress,
+                |batch| {
+                    if let Some(metrics) = &recorder {
+                        metrics.record(&batch);
+                    }
+                    batch_tx.blocking_send(batch).is_ok()
+                },
+            )
         })?;
 
     let delivery = runtime.block_on(async {
@@ -148,15 +173,32 @@ fn main() -> anyhow::Result<()> {
                 }
             }
         });
+        // NVML is loaded, the spool open, /metrics bound and the sampler
+        // running: from here on the agent does its job.
+        systemd::ready(&ready_status);
+        let watchdog = systemd::watchdog_timeout().map(|timeout| {
+            info!(
+                ?timeout,
+                "petting the systemd watchdog while the sampling loop makes progress"
+            );
+            tokio::spawn(async move { systemd::pet_watchdog(&progress, timeout).await })
+        });
         tokio::pin!(delivering);
         let delivery = tokio::select! {
-            delivery = &mut delivering => delivery,
-            () = shutdown_signal() => {
+            delivery = &mut delivering => {
+                systemd::stopping("stopping: sampling ended");
+                delivery
+            }
+            () = shutdown => {
                 info!("stopping: delivering what was sampled");
+                systemd::stopping("stopping: delivering what was sampled");
                 let _ = stop_tx.send(());
                 delivering.await
             }
         };
+        if let Some(watchdog) = watchdog {
+            watchdog.abort();
+        }
         // /metrics keeps answering while the agent drains, and stops with it.
         let _ = stop_serving.send(());
         if let Some(serving) = serving
@@ -208,17 +250,17 @@ fn read_trimmed(path: &std::path::Path) -> String {
         .unwrap_or_default()
 }
 
-async fn shutdown_signal() {
+/// Completes on SIGTERM or SIGINT. The handlers are installed by this call,
+/// not when the future is first polled, so a signal that arrives while the
+/// agent is still starting stops it cleanly instead of killing it.
+fn shutdown_signal() -> std::io::Result<impl Future<Output = ()>> {
     use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
+    let mut term = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = interrupt.recv() => {}
         }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
+    })
 }

@@ -14,6 +14,7 @@ use crate::jobs::JobAttributor;
 use crate::sampler::gpu::{GpuOptions, GpuSampler, GpuUnavailable};
 use crate::sampler::ib::IbSampler;
 use crate::sampler::node::NodeSampler;
+use crate::systemd::Progress;
 
 /// Distinct error messages remembered for log deduplication.
 const MAX_REMEMBERED_ERRORS: usize = 1024;
@@ -111,13 +112,15 @@ pub fn next_tick(now_us: i64, interval_us: i64) -> i64 {
 
 /// Samples at every tick until `stop` receives a message or is dropped, or
 /// `ticks` ticks are done; each batch goes to `emit` with seq numbers from
-/// `first_seq` on. Returns the number of ticks taken.
+/// `first_seq` on. Returns the number of ticks taken. `progress` shows the
+/// watchdog whether a tick is under way and since when.
 pub fn run(
     mut samplers: Samplers,
     interval: Duration,
     ticks: Option<u64>,
     first_seq: u64,
     stop: &Receiver<()>,
+    progress: &Progress,
     mut emit: impl FnMut(Batch) -> bool,
 ) -> u64 {
     let interval_us = interval.as_micros().max(1) as i64;
@@ -126,10 +129,12 @@ pub fn run(
     while ticks.is_none_or(|n| taken < n) {
         let now = now_us();
         let ts_us = next_tick(now, interval_us);
+        progress.idle();
         match stop.recv_timeout(Duration::from_micros((ts_us - now) as u64)) {
             Err(RecvTimeoutError::Timeout) => {}
             Ok(()) | Err(RecvTimeoutError::Disconnected) => break,
         }
+        progress.busy();
         let late_us = now_us() - ts_us;
         if late_us > interval_us {
             warn!(
@@ -145,6 +150,7 @@ pub fn run(
             break;
         }
     }
+    progress.idle();
     taken
 }
 

@@ -17,6 +17,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::buffer::WriteBuffer;
 use crate::clock::Clock;
+use crate::systemd::Heartbeat;
 use crate::validate::{validate_batch, validate_hello};
 use crate::wal::{Replayed, Wal, WalError};
 
@@ -46,6 +47,8 @@ pub struct Shared {
     next_session: AtomicU64,
     /// Counters reported in logs.
     pub stats: Stats,
+    /// Beats each time the flush loop takes the buffer; the watchdog reads it.
+    pub taken: Heartbeat,
 }
 
 /// Running totals since start.
@@ -194,6 +197,7 @@ impl Shared {
             clock,
             next_session: AtomicU64::new(1),
             stats,
+            taken: Heartbeat::new(),
         }
     }
 
@@ -205,6 +209,7 @@ impl Shared {
     /// Takes the buffered rows. Closes the current log segment first (which
     /// syncs it, so what waited for a sync is acknowledged here).
     pub fn take(&self) -> Result<Taken, WalError> {
+        self.taken.beat();
         let mut guard = self.lock();
         let state = &mut *guard;
         let closed = state.wal.rotate()?;

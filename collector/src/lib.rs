@@ -5,6 +5,8 @@
 //! per table and partition) → [`flush`] (timer, size, shutdown) →
 //! [`persist`] (sort, encode, put) → the store. [`import`] writes a
 //! scheduler's job trace to the same store (`gputel-collector import-jobs`).
+//! [`systemd`] tells the service manager when the collector is ready and
+//! pets its watchdog while the loops make progress.
 
 pub mod buffer;
 pub mod clock;
@@ -15,6 +17,7 @@ pub mod import;
 pub mod ingest;
 pub mod persist;
 pub mod store;
+pub mod systemd;
 pub mod validate;
 pub mod wal;
 
@@ -116,11 +119,17 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             config.retention.clone(),
         ))
     });
-    shutdown.await;
+    // The log is replayed and written out, and the port is bound.
+    systemd::ready(&format!("listening on {addr}; writing to {}", config.store));
+    tokio::select! {
+        () = shutdown => {}
+        () = systemd::watchdog(&serving, config.flush_interval) => {}
+    }
     if let Some(task) = maintenance {
         task.abort();
     }
     info!("shutting down: writing buffered rows");
+    systemd::stopping("stopping: writing buffered rows");
     serving.shutdown().await?;
     info!("stopped");
     Ok(())
@@ -276,6 +285,11 @@ impl Serving {
         &self.shared
     }
 
+    /// Whether the gRPC server task is still running.
+    pub fn is_serving(&self) -> bool {
+        !self.server.is_finished()
+    }
+
     /// Stops taking batches, writes what is buffered and sends its
     /// acknowledgements; the streams stay open.
     pub async fn finish_writing(&mut self) {
@@ -302,26 +316,17 @@ impl Serving {
     }
 }
 
-/// Completes on SIGINT or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term = match tokio::signal::unix::signal(
-            tokio::signal::unix::SignalKind::terminate(),
-        ) {
-            Ok(term) => term,
-            Err(e) => {
-                warn!(error = %e, "cannot watch SIGTERM; only Ctrl-C stops the collector cleanly");
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
+/// Completes on SIGTERM or SIGINT. The handlers are installed by this call,
+/// not when the future is first polled, so a signal that arrives while the
+/// collector replays its log or binds its port stops it cleanly.
+pub fn shutdown_signal() -> std::io::Result<impl Future<Output = ()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    Ok(async move {
         tokio::select! {
-            _ = ctrl_c => {}
             _ = term.recv() => {}
+            _ = interrupt.recv() => {}
         }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
+    })
 }

@@ -13,6 +13,8 @@ async fn main() -> anyhow::Result<()> {
         Some(Command::Compact(args)) => return compact(args).await,
         None => {}
     }
+    let shutdown =
+        gputel_collector::shutdown_signal().context("cannot watch SIGTERM and SIGINT")?;
     let config = Config::load(cli)?;
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(&config.log))
@@ -22,7 +24,7 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    gputel_collector::run(config, gputel_collector::shutdown_signal()).await?;
+    gputel_collector::run(config, shutdown).await?;
     Ok(())
 }
 

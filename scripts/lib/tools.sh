@@ -106,3 +106,37 @@ ensure_s3_server() {
   "$VENV_BIN/moto_server" --help >/dev/null 2>&1 || die "the S3 test server at $VENV_BIN/moto_server does not run"
   export GPUTEL_S3_SERVER="$VENV_BIN/moto_server"
 }
+
+# Sets CARGO_DEB to cargo-deb (crates.io), pinned, installed under
+# target/tools/bin on first use (about a minute of compiling).
+CARGO_DEB_VERSION=3.8.0
+ensure_cargo_deb() {
+  local bin="$tools_dir/bin/cargo-deb"
+  if [[ $("$bin" --version 2>/dev/null) != "cargo-deb $CARGO_DEB_VERSION" ]]; then
+    say "installing cargo-deb $CARGO_DEB_VERSION into $tools_dir"
+    cargo install --quiet --locked --root "$tools_dir" cargo-deb --version "$CARGO_DEB_VERSION" \
+      || die "could not install cargo-deb $CARGO_DEB_VERSION from crates.io (cargo install cargo-deb)"
+  fi
+  command -v dpkg-deb >/dev/null \
+    || die "dpkg-deb is missing: it lists and checks the packages (Debian: apt-get install dpkg)"
+  CARGO_DEB=$bin
+}
+
+# Sets GPUTEL_SYSTEMD_ANALYZE to systemd-analyze, which checks the unit files.
+# Where systemd is missing (a container whose PID 1 is not systemd), Debian's
+# systemd package is installed as root: without a running systemd its
+# installation starts nothing.
+ensure_systemd_analyze() {
+  if ! command -v systemd-analyze >/dev/null; then
+    if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null && [[ ! -d /run/systemd/system ]]; then
+      say "installing systemd-analyze (Debian package systemd; nothing is started)"
+      { apt-get install -y -qq --no-install-recommends systemd >/dev/null 2>&1 \
+        || { apt-get update -qq >/dev/null && apt-get install -y -qq --no-install-recommends systemd >/dev/null; }; } \
+        || die "apt-get could not install the Debian package systemd; install systemd-analyze and put it on PATH"
+    else
+      die "systemd-analyze is missing: install systemd (Debian: apt-get install systemd) and put it on PATH"
+    fi
+  fi
+  export GPUTEL_SYSTEMD_ANALYZE
+  GPUTEL_SYSTEMD_ANALYZE=$(command -v systemd-analyze)
+}

@@ -221,6 +221,7 @@ fn with_session_mut(f: impl FnOnce(&mut Session) -> nvmlReturn_t) -> nvmlReturn_
 /// Runs `f` with the handle's GPU and the time since init; a lost GPU
 /// returns NVML_ERROR_GPU_IS_LOST without calling `f`.
 fn with_gpu(device: nvmlDevice_t, f: impl FnOnce(&Gpu, u64) -> nvmlReturn_t) -> nvmlReturn_t {
+    hang_if_due();
     with_session(|session| match session.live_gpu(device) {
         Ok((index, t)) => match session.scenario.gpus.get(index) {
             Some(gpu) => f(gpu, t),
@@ -228,6 +229,21 @@ fn with_gpu(device: nvmlDevice_t, f: impl FnOnce(&Gpu, u64) -> nvmlReturn_t) -> 
         },
         Err(code) => code,
     })
+}
+
+/// Blocks forever once the scenario's `hang_at_ms` has passed, without
+/// holding the library's lock, like a driver call that never returns.
+fn hang_if_due() {
+    let due = lock()
+        .session
+        .as_ref()
+        .is_some_and(|s| s.scenario.hang_at_ms.is_some_and(|at| s.elapsed_ms() >= at));
+    if due {
+        // park() may return spuriously; nothing ever unparks this thread.
+        loop {
+            std::thread::park();
+        }
+    }
 }
 
 /// Writes `value` through `out`, or returns NVML_ERROR_INVALID_ARGUMENT for null.

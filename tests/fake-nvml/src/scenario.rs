@@ -430,6 +430,9 @@ pub struct Scenario {
     pub nvml_version: String,
     /// When set, `nvmlInit` fails with this error (a node without a working driver).
     pub init_error: Option<Fault>,
+    /// From this many ms after init on, every call about a GPU blocks
+    /// forever (a driver that hangs).
+    pub hang_at_ms: Option<u64>,
     /// The GPUs, in NVML index order.
     pub gpus: Vec<Gpu>,
 }
@@ -441,6 +444,7 @@ struct RawScenario {
     nvml_version: Option<String>,
     step_ms: Option<u64>,
     init_error: Option<Fault>,
+    hang_at_ms: Option<u64>,
     #[serde(default)]
     gpu: Vec<RawGpu>,
 }
@@ -828,6 +832,7 @@ fn build(raw: RawScenario) -> Result<Scenario, ScenarioError> {
         driver_version,
         nvml_version,
         init_error: raw.init_error,
+        hang_at_ms: raw.hang_at_ms,
         gpus,
     })
 }
@@ -1304,6 +1309,12 @@ mod tests {
             })
         );
         assert_eq!(g.memory(1000).map(|m| m.free), Ok(0));
+    }
+
+    #[test]
+    fn hang_at_ms_is_parsed() {
+        assert_eq!(parse("hang_at_ms = 2500\n").hang_at_ms, Some(2500));
+        assert_eq!(parse("").hang_at_ms, None);
     }
 
     #[test]
