@@ -5,7 +5,9 @@
 //! per table and partition) → [`flush`] (timer, size, shutdown) →
 //! [`persist`] (sort, encode, put) → the store. [`import`] writes a
 //! scheduler's job trace to the same store (`gputel-collector import-jobs`).
+//! [`alert`] evaluates alert rules on the accepted batches.
 
+pub mod alert;
 pub mod buffer;
 pub mod clock;
 pub mod config;
@@ -60,6 +62,8 @@ pub enum RunError {
     },
     #[error("gRPC server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
+    #[error(transparent)]
+    Alert(#[from] alert::AlertError),
 }
 
 /// Runs the collector until `shutdown` completes, then writes everything
@@ -96,13 +100,57 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         );
     }
     let serving = serve(listener, store, Clock::System, options, wal, replayed).await?;
+    let alerting = match config.alerts {
+        Some(alerts) => Some(start_alerting(alerts, serving.shared())?),
+        None => None,
+    };
     let addr = serving.local_addr();
     info!(%addr, store = %config.store, flush_interval = ?config.flush_interval, "listening on {addr}");
     shutdown.await;
     info!("shutting down: writing buffered rows");
+    if let Some(alerting) = alerting {
+        alerting.stop().await;
+    }
     serving.shutdown().await?;
     info!("stopped");
     Ok(())
+}
+
+/// Alerting and its SIGHUP reloads, stopped together.
+#[derive(Debug)]
+pub struct RunningAlerts {
+    alerting: Arc<alert::Alerting>,
+    stop_reload: watch::Sender<bool>,
+    reload: JoinHandle<()>,
+}
+
+impl RunningAlerts {
+    /// Stops the reloads, then evaluates what is queued and saves the state.
+    pub async fn stop(self) {
+        let _ = self.stop_reload.send(true);
+        let _ = self.reload.await;
+        match Arc::try_unwrap(self.alerting) {
+            Ok(alerting) => alerting.stop().await,
+            Err(_) => {
+                warn!("alerting still in use at shutdown; its state was saved at the last change")
+            }
+        }
+    }
+}
+
+/// Starts the alert rules on `shared`'s accepted batches, reloaded at SIGHUP.
+pub fn start_alerting(
+    config: alert::AlertConfig,
+    shared: &Arc<Shared>,
+) -> Result<RunningAlerts, RunError> {
+    let alerting = Arc::new(alert::Alerting::start(config, Arc::clone(shared))?);
+    let (stop_reload, stop_rx) = watch::channel(false);
+    let reload = tokio::spawn(alert::reload_on_sighup(Arc::clone(&alerting), stop_rx));
+    Ok(RunningAlerts {
+        alerting,
+        stop_reload,
+        reload,
+    })
 }
 
 /// The settings [`serve`] needs.
