@@ -83,6 +83,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             None
         }
     };
+    // Rules are read before the server starts (a bad file stops the start),
+    // and ingest queues batches for them from the first stream on.
+    let alerts = match config.alerts {
+        Some(alerts) => Some(alert::Alerting::prepare(alerts)?),
+        None => None,
+    };
     let options = ServeOptions {
         flush_interval: config.flush_interval,
         flush_rows: config.flush_rows,
@@ -90,6 +96,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         max_agent_rows_per_s: config.max_agent_rows_per_s,
         max_message_bytes: config.max_message_bytes,
         tls,
+        alert_sink: alerts.as_ref().map(alert::PreparedAlerting::sink),
     };
     let (wal, replayed) = wal::Wal::open(&config.wal_dir)?;
     if !replayed.records.is_empty() {
@@ -100,10 +107,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         );
     }
     let serving = serve(listener, store, Clock::System, options, wal, replayed).await?;
-    let alerting = match config.alerts {
-        Some(alerts) => Some(start_alerting(alerts, serving.shared())?),
-        None => None,
-    };
+    let alerting = alerts.map(|prepared| start_alerting(prepared, serving.shared()));
     let addr = serving.local_addr();
     info!(%addr, store = %config.store, flush_interval = ?config.flush_interval, "listening on {addr}");
     shutdown.await;
@@ -139,18 +143,15 @@ impl RunningAlerts {
 }
 
 /// Starts the alert rules on `shared`'s accepted batches, reloaded at SIGHUP.
-pub fn start_alerting(
-    config: alert::AlertConfig,
-    shared: &Arc<Shared>,
-) -> Result<RunningAlerts, RunError> {
-    let alerting = Arc::new(alert::Alerting::start(config, Arc::clone(shared))?);
+pub fn start_alerting(prepared: alert::PreparedAlerting, shared: &Arc<Shared>) -> RunningAlerts {
+    let alerting = Arc::new(prepared.start(Arc::clone(shared)));
     let (stop_reload, stop_rx) = watch::channel(false);
     let reload = tokio::spawn(alert::reload_on_sighup(Arc::clone(&alerting), stop_rx));
-    Ok(RunningAlerts {
+    RunningAlerts {
         alerting,
         stop_reload,
         reload,
-    })
+    }
 }
 
 /// The settings [`serve`] needs.
@@ -164,6 +165,8 @@ pub struct ServeOptions {
     pub max_message_bytes: usize,
     /// Mutual TLS; every agent must then show a certificate naming its node.
     pub tls: Option<ServerTlsConfig>,
+    /// Where accepted batches go for the alert rules (see [`alert`]).
+    pub alert_sink: Option<tokio::sync::mpsc::Sender<alert::eval::AlertInput>>,
 }
 
 /// The server side of mutual TLS from PEM files.
@@ -203,6 +206,9 @@ pub async fn serve(
         wal,
         replayed,
     ));
+    if let Some(sink) = options.alert_sink {
+        shared.set_alert_sink(sink);
+    }
     let (stop_flush, stop_flush_rx) = watch::channel(false);
     let (close_streams, close_streams_rx) = watch::channel(false);
     let mut flusher = Flusher::new(Arc::clone(&shared), store);

@@ -73,10 +73,51 @@ pub struct Alerting {
     task: JoinHandle<()>,
 }
 
+/// Alerting with its rules and saved state loaded, before it runs: ingest
+/// can queue batches for it from the first stream on.
+#[derive(Debug)]
+pub struct PreparedAlerting {
+    config: AlertConfig,
+    rules: RuleSet,
+    saved: BTreeMap<AlertKey, Tracked>,
+    notifier: Notifier,
+    tx: mpsc::Sender<AlertInput>,
+    rx: mpsc::Receiver<AlertInput>,
+}
+
+impl PreparedAlerting {
+    /// Where ingest hands accepted batches (see `ServeOptions::alert_sink`).
+    pub fn sink(&self) -> mpsc::Sender<AlertInput> {
+        self.tx.clone()
+    }
+
+    /// Starts evaluating what the sink receives; rows go to `shared`.
+    pub fn start(self, shared: Arc<Shared>) -> Alerting {
+        let (rules_tx, rules_rx) = mpsc::channel(4);
+        let (stop, stop_rx) = watch::channel(false);
+        let mut task = AlertTask {
+            evaluator: Evaluator::default(),
+            notifier: self.notifier,
+            shared,
+            state_file: self.config.state_file,
+            resend_interval: self.config.resend_interval,
+            dirty: false,
+        };
+        task.restore(self.saved, &self.rules);
+        let task = tokio::spawn(task.run(self.rx, rules_rx, stop_rx));
+        Alerting {
+            rules_path: self.config.rules,
+            rules_tx,
+            stop,
+            task,
+        }
+    }
+}
+
 impl Alerting {
-    /// Loads the rules and the saved state, starts the notifier and the
-    /// task, and connects ingest to it.
-    pub fn start(config: AlertConfig, shared: Arc<Shared>) -> Result<Alerting, AlertError> {
+    /// Loads the rules and the saved state and starts the notifier; the
+    /// evaluation starts with [`PreparedAlerting::start`].
+    pub fn prepare(config: AlertConfig) -> Result<PreparedAlerting, AlertError> {
         let rules = rules::load(&config.rules)?;
         info!(
             rules = rules.rules.len(),
@@ -90,25 +131,21 @@ impl Alerting {
             config.resend_interval,
         )?;
         let (tx, rx) = mpsc::channel(INPUT_QUEUE);
-        let (rules_tx, rules_rx) = mpsc::channel(4);
-        let (stop, stop_rx) = watch::channel(false);
-        let mut task = AlertTask {
-            evaluator: Evaluator::default(),
+        Ok(PreparedAlerting {
+            config,
+            rules,
+            saved,
             notifier,
-            shared: Arc::clone(&shared),
-            state_file: config.state_file,
-            resend_interval: config.resend_interval,
-            dirty: false,
-        };
-        task.restore(saved, &rules);
-        let task = tokio::spawn(task.run(rx, rules_rx, stop_rx));
-        shared.set_alert_sink(tx);
-        Ok(Alerting {
-            rules_path: config.rules,
-            rules_tx,
-            stop,
-            task,
+            tx,
+            rx,
         })
+    }
+
+    /// Prepares and starts alerting on `shared`, connecting its ingest.
+    pub fn start(config: AlertConfig, shared: Arc<Shared>) -> Result<Alerting, AlertError> {
+        let prepared = Alerting::prepare(config)?;
+        shared.set_alert_sink(prepared.sink());
+        Ok(prepared.start(shared))
     }
 
     /// Reads the rules file again; a file with an error is logged and the
@@ -454,8 +491,8 @@ fn number(v: f64) -> String {
     format!("{rounded}")
 }
 
-/// The unit a rule's values are in.
-fn unit(rule: &Rule) -> &'static str {
+/// The units of a rule's values and of its threshold, as written after them.
+fn units(rule: &Rule) -> (&'static str, &'static str) {
     match (&rule.condition, rule.metric) {
         (
             Condition::Threshold {
@@ -463,10 +500,10 @@ fn unit(rule: &Rule) -> &'static str {
                 ..
             },
             _,
-        ) => "% of power limit",
-        (_, rules::Metric::Temperature | rules::Metric::MemoryTemperature) => "°C",
-        (_, rules::Metric::Power | rules::Metric::NodePower) => "W",
-        _ => "",
+        ) => ("% of the power limit", "%"),
+        (_, rules::Metric::Temperature | rules::Metric::MemoryTemperature) => ("°C", "°C"),
+        (_, rules::Metric::Power | rules::Metric::NodePower) => (" W", " W"),
+        _ => ("", ""),
     }
 }
 
@@ -493,7 +530,7 @@ fn am_alert(t: &Transition, ends_at_us: Option<i64>) -> AmAlert {
     }
     let mut annotations = rule.annotations.clone();
     annotations.insert("metric".into(), rule.metric.name().into());
-    let unit = unit(rule);
+    let (unit, threshold_unit) = units(rule);
     let where_ = match t.key.gpu {
         Some(gpu) => format!("{} GPU {gpu}", t.key.node),
         None => t.key.node.clone(),
@@ -510,7 +547,7 @@ fn am_alert(t: &Transition, ends_at_us: Option<i64>) -> AmAlert {
         (Condition::Threshold { op, threshold, .. }, Some(v)) => {
             annotations.insert("threshold".into(), number(*threshold));
             format!(
-                "{} {}{unit} {} {}{unit} on {where_}{job}",
+                "{} {}{unit} {} {}{threshold_unit} on {where_}{job}",
                 rule.metric,
                 number(v),
                 op.symbol(),
