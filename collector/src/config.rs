@@ -440,6 +440,64 @@ mod tests {
     }
 
     #[test]
+    fn alert_settings_come_from_an_alerts_table_and_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("collector.toml");
+        std::fs::write(
+            &path,
+            "plaintext = true\nwal-dir = \"/w\"\n[alerts]\nrules = \"/etc/gputel/alerts.toml\"\n\
+             alertmanager-url = [\"http://am1:9093\", \"http://am2:9093\"]\n",
+        )
+        .unwrap();
+        let file = path.to_str().unwrap();
+        let alerts = Config::load(Cli::parse_from(["gputel-collector", "--config", file]))
+            .unwrap()
+            .alerts
+            .unwrap();
+        assert_eq!(alerts.rules, PathBuf::from("/etc/gputel/alerts.toml"));
+        assert_eq!(
+            alerts.alertmanager_urls,
+            ["http://am1:9093", "http://am2:9093"]
+        );
+        assert_eq!(alerts.resend_interval, Duration::from_secs(60));
+        assert_eq!(alerts.state_file, PathBuf::from("/w/alerts.json"));
+        let flags = Config::load(Cli::parse_from([
+            "gputel-collector",
+            "--config",
+            file,
+            "--alertmanager-url",
+            "http://am3:9093",
+            "--alert-webhook",
+            "http://hook/x",
+            "--alert-resend-interval",
+            "30s",
+        ]))
+        .unwrap()
+        .alerts
+        .unwrap();
+        assert_eq!(flags.alertmanager_urls, ["http://am3:9093"]);
+        assert_eq!(flags.webhook.as_deref(), Some("http://hook/x"));
+        assert_eq!(flags.resend_interval, Duration::from_secs(30));
+        let err = Config::load(Cli::parse_from([
+            "gputel-collector",
+            "--plaintext",
+            "--alertmanager-url",
+            "http://am:9093",
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("alertmanager-url and alert-webhook need rules"),
+            "{err}"
+        );
+        std::fs::write(&path, "[alerts]\nrule = \"x\"\n").unwrap();
+        let err = Config::load(Cli::parse_from(["gputel-collector", "--config", file]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown field `rule`"), "{err}");
+    }
+
+    #[test]
     fn unknown_keys_are_errors() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("collector.toml");

@@ -786,6 +786,32 @@ reasons = ["hw_thermal"]
     }
 
     #[test]
+    fn the_default_rules_file_loads() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../systemd/alerts.toml");
+        let set = load(&path).unwrap();
+        let names: Vec<&str> = set.rules.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "GpuTemperatureHigh",
+                "GpuTemperatureCritical",
+                "GpuMemoryTemperatureHigh",
+                "GpuPowerOverLimit",
+                "GpuXidCritical",
+                "GpuThermalThrottling",
+                "GpuPowerBrake"
+            ]
+        );
+        assert_eq!(
+            set.rules[4].condition,
+            Condition::Xid {
+                codes: vec![48, 63, 64, 74, 79, 92, 94, 95],
+                clear_after: Duration::from_secs(900)
+            }
+        );
+    }
+
+    #[test]
     fn an_empty_file_has_no_rules() {
         assert_eq!(parse("", "a.toml").unwrap().rules.len(), 0);
     }
