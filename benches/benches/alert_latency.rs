@@ -4,8 +4,8 @@
 //! plus the rule's `for`; `for` is counted in sample time, so the delay
 //! measured here is the part the collector adds.
 //!
-//! A collector serves in process on loopback with one rule (`temperature_c
-//! > 85`, `for = "2s"`); a local HTTP endpoint stands in for Alertmanager's
+//! A collector serves in process on loopback with one rule
+//! (`temperature_c > 85`, `for = "2s"`); a local HTTP endpoint stands in for Alertmanager's
 //! `POST /api/v2/alerts` and notes when each alert arrives. For each of N
 //! nodes, one stream sends a hot tick (pending), then a hot tick 2 s later
 //! in sample time (firing): the clock starts when that second batch is
