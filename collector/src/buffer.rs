@@ -11,7 +11,7 @@ use arrow_array::builder::{
 use arrow_array::types::Int32Type;
 use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::{ArrowError, DataType, Field};
-use gputel_proto::{GpuEvent, GpuProcess, GpuSample, IbPortSample, NodeSample};
+use gputel_proto::{AlertRow, GpuEvent, GpuProcess, GpuSample, IbPortSample, NodeSample};
 use gputel_schemas::{PartitionKey, Table};
 
 use crate::validate::ValidBatch;
@@ -26,6 +26,7 @@ pub struct WriteBuffer {
     gpu_process: BTreeMap<PartitionKey, GpuProcessRows>,
     /// What was seen of each job on each GPU, per partition, for the `job` table.
     jobs: BTreeMap<PartitionKey, BTreeMap<JobOnGpu, Seen>>,
+    alert: BTreeMap<PartitionKey, AlertRows>,
     rows: usize,
 }
 
@@ -52,7 +53,8 @@ impl std::fmt::Debug for WriteBuffer {
             + self.ib.len()
             + self.event.len()
             + self.gpu_process.len()
-            + self.jobs.len();
+            + self.jobs.len()
+            + self.alert.len();
         f.debug_struct("WriteBuffer")
             .field("partitions", &partitions)
             .field("rows", &self.rows)
@@ -97,6 +99,19 @@ impl WriteBuffer {
         self.rows += crate::validate::row_count(batch);
     }
 
+    /// Appends alert firings and resolutions (the node is in each row).
+    pub fn append_alerts(&mut self, rows: &[AlertRow]) {
+        for row in rows {
+            // Sample times passed validation; a row outside the calendar
+            // would have no partition, so it is dropped rather than panic.
+            let Ok(key) = PartitionKey::from_ts_us(row.ts_us) else {
+                continue;
+            };
+            self.alert.entry(key).or_default().push(&row.node, row);
+            self.rows += 1;
+        }
+    }
+
     /// Rows held, all tables together.
     pub fn rows(&self) -> usize {
         self.rows
@@ -112,6 +127,7 @@ impl WriteBuffer {
         finish_all(Table::Ib, &mut self.ib, &mut out)?;
         finish_all(Table::Event, &mut self.event, &mut out)?;
         finish_all(Table::GpuProcess, &mut self.gpu_process, &mut out)?;
+        finish_all(Table::Alert, &mut self.alert, &mut out)?;
         for (key, jobs) in std::mem::take(&mut self.jobs) {
             let mut rows = JobRows::default();
             for (job, seen) in &jobs {
@@ -430,6 +446,22 @@ table_rows!(GpuProcessRows for GpuProcess, |node, s| {
     command: Dict = s.command.as_str(),
     job_id: Dict = s.job_id.as_deref(),
     pod_uid: Dict = s.pod_uid.as_deref(),
+});
+
+table_rows!(AlertRows for AlertRow, |node, s| {
+    ts: Ts = s.ts_us,
+    node: Dict = node,
+    gpu: Int32Builder = s.gpu.map(i32_of),
+    uuid: Dict = s.uuid.as_deref(),
+    model: Dict = s.model.as_deref(),
+    job_id: Dict = s.job_id.as_deref(),
+    rule: Dict = s.rule.as_str(),
+    severity: Dict = s.severity.as_str(),
+    status: Dict = s.status.as_str(),
+    metric: Dict = s.metric.as_str(),
+    value: Float64Builder = s.value,
+    threshold: Float64Builder = s.threshold,
+    starts_at: Ts = s.starts_at_us,
 });
 
 /// Job rows: one per (job, node, GPU) seen in a partition.

@@ -276,6 +276,76 @@ pub struct Settings {
     /// Log filter, as in RUST_LOG (e.g. "info", "gputel_collector=debug") [default: info].
     #[arg(long, value_name = "FILTER")]
     pub log: Option<String>,
+    /// Alerting; in the file, an `[alerts]` table.
+    #[command(flatten)]
+    #[serde(default, rename = "alerts")]
+    pub alerts: AlertArgs,
+}
+
+/// Alert settings: flags, or keys of the config file's `[alerts]` table.
+#[derive(Debug, Default, Clone, Args, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+#[command(next_help_heading = "Alerting")]
+pub struct AlertArgs {
+    /// Alert rules (TOML); without it, no alerting. SIGHUP reads the file
+    /// again (a file with an error is logged and the rules in force stay).
+    #[arg(long, value_name = "FILE")]
+    pub rules: Option<PathBuf>,
+    /// Alertmanager to send alerts to (its base URL, e.g. http://am:9093);
+    /// repeat it for every instance of an HA cluster.
+    #[arg(long = "alertmanager-url", value_name = "URL")]
+    #[serde(default)]
+    pub alertmanager_url: Vec<String>,
+    /// Also POST every firing and resolution as plain JSON to this URL.
+    #[arg(long, value_name = "URL")]
+    pub alert_webhook: Option<String>,
+    /// How often firing alerts are sent to Alertmanager again [default: 1m].
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[serde(default, with = "humantime_serde")]
+    pub alert_resend_interval: Option<Duration>,
+}
+
+impl AlertArgs {
+    fn or(self, other: AlertArgs) -> AlertArgs {
+        AlertArgs {
+            rules: self.rules.or(other.rules),
+            alertmanager_url: if self.alertmanager_url.is_empty() {
+                other.alertmanager_url
+            } else {
+                self.alertmanager_url
+            },
+            alert_webhook: self.alert_webhook.or(other.alert_webhook),
+            alert_resend_interval: self.alert_resend_interval.or(other.alert_resend_interval),
+        }
+    }
+
+    /// The alerting configuration, None without rules; the state file goes
+    /// in `wal_dir`.
+    fn resolve(self, wal_dir: &Path) -> Result<Option<crate::alert::AlertConfig>, ConfigError> {
+        let Some(rules) = self.rules else {
+            if !self.alertmanager_url.is_empty() || self.alert_webhook.is_some() {
+                return Err(ConfigError::Invalid(
+                    "alertmanager-url and alert-webhook need rules: give the alert rules file with --rules".into(),
+                ));
+            }
+            return Ok(None);
+        };
+        let resend_interval = self
+            .alert_resend_interval
+            .unwrap_or(Duration::from_secs(60));
+        if resend_interval.is_zero() {
+            return Err(ConfigError::Invalid(
+                "alert-resend-interval must be above zero".into(),
+            ));
+        }
+        Ok(Some(crate::alert::AlertConfig {
+            rules,
+            alertmanager_urls: self.alertmanager_url,
+            webhook: self.alert_webhook,
+            resend_interval,
+            state_file: wal_dir.join(crate::alert::STATE_FILE),
+        }))
+    }
 }
 
 impl Settings {
@@ -314,6 +384,7 @@ impl Settings {
                 .tls_client_ca
                 .or(other.tls_client_ca.filter(|_| !self.plaintext)),
             plaintext: self.plaintext || other.plaintext,
+            alerts: self.alerts.or(other.alerts),
         }
     }
 }
@@ -336,6 +407,8 @@ pub struct Config {
     pub log: String,
     /// Mutual TLS, or None when plaintext was asked for.
     pub tls: Option<TlsFiles>,
+    /// Alert rules and where alerts go; None without `--rules`.
+    pub alerts: Option<crate::alert::AlertConfig>,
 }
 
 /// The PEM files of the collector's mutual TLS.
@@ -384,15 +457,18 @@ impl Config {
         };
         let retention = Retention::parse(s.retention.as_deref().unwrap_or_default())
             .map_err(ConfigError::Invalid)?;
+        let s3 = s.s3_options();
+        let wal_dir = s.wal_dir.unwrap_or_else(|| PathBuf::from("./gputel-wal"));
         let config = Config {
-            s3: s.s3_options(),
+            alerts: s.alerts.resolve(&wal_dir)?,
+            s3,
             compact_interval,
             retention,
             listen: s
                 .listen
                 .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], DEFAULT_PORT))),
             store,
-            wal_dir: s.wal_dir.unwrap_or_else(|| PathBuf::from("./gputel-wal")),
+            wal_dir,
             flush_interval: s.flush_interval.unwrap_or(Duration::from_secs(60)),
             flush_rows: s.flush_rows.unwrap_or(1_000_000),
             max_unwritten_rows: s.max_unwritten_rows.unwrap_or(4_000_000),
@@ -511,6 +587,64 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.starts_with("give tls-cert"), "{err}");
+    }
+
+    #[test]
+    fn alert_settings_come_from_an_alerts_table_and_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("collector.toml");
+        std::fs::write(
+            &path,
+            "plaintext = true\nwal-dir = \"/w\"\n[alerts]\nrules = \"/etc/gputel/alerts.toml\"\n\
+             alertmanager-url = [\"http://am1:9093\", \"http://am2:9093\"]\n",
+        )
+        .unwrap();
+        let file = path.to_str().unwrap();
+        let alerts = Config::load(Cli::parse_from(["gputel-collector", "--config", file]))
+            .unwrap()
+            .alerts
+            .unwrap();
+        assert_eq!(alerts.rules, PathBuf::from("/etc/gputel/alerts.toml"));
+        assert_eq!(
+            alerts.alertmanager_urls,
+            ["http://am1:9093", "http://am2:9093"]
+        );
+        assert_eq!(alerts.resend_interval, Duration::from_secs(60));
+        assert_eq!(alerts.state_file, PathBuf::from("/w/alerts.json"));
+        let flags = Config::load(Cli::parse_from([
+            "gputel-collector",
+            "--config",
+            file,
+            "--alertmanager-url",
+            "http://am3:9093",
+            "--alert-webhook",
+            "http://hook/x",
+            "--alert-resend-interval",
+            "30s",
+        ]))
+        .unwrap()
+        .alerts
+        .unwrap();
+        assert_eq!(flags.alertmanager_urls, ["http://am3:9093"]);
+        assert_eq!(flags.webhook.as_deref(), Some("http://hook/x"));
+        assert_eq!(flags.resend_interval, Duration::from_secs(30));
+        let err = Config::load(Cli::parse_from([
+            "gputel-collector",
+            "--plaintext",
+            "--alertmanager-url",
+            "http://am:9093",
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.starts_with("alertmanager-url and alert-webhook need rules"),
+            "{err}"
+        );
+        std::fs::write(&path, "[alerts]\nrule = \"x\"\n").unwrap();
+        let err = Config::load(Cli::parse_from(["gputel-collector", "--config", file]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown field `rule`"), "{err}");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use gputel_proto::v1::telemetry_server::Telemetry;
@@ -15,6 +15,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, Response, Status, Streaming};
 use tracing::{debug, error, info, warn};
 
+use crate::alert::eval::AlertInput;
 use crate::buffer::WriteBuffer;
 use crate::clock::Clock;
 use crate::systemd::Heartbeat;
@@ -45,6 +46,8 @@ pub struct Shared {
     draining: AtomicBool,
     clock: Clock,
     next_session: AtomicU64,
+    /// Where accepted batches go for alert rules, when alerting is on.
+    alert_sink: OnceLock<mpsc::Sender<AlertInput>>,
     /// Counters reported in logs.
     pub stats: Stats,
     /// Beats each time the flush loop takes the buffer; the watchdog reads it.
@@ -59,6 +62,8 @@ pub struct Stats {
     pub duplicates: AtomicU64,
     pub rejected: AtomicU64,
     pub replayed: AtomicU64,
+    /// Batches the alert rules did not see because their queue was full.
+    pub alert_inputs_dropped: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -163,6 +168,7 @@ impl Shared {
         let mut buffer = WriteBuffer::default();
         let now_us = clock.now_us();
         for record in &replayed.records {
+            buffer.append_alerts(&record.alerts);
             let Some(batch) = &record.batch else {
                 continue;
             };
@@ -196,8 +202,56 @@ impl Shared {
             draining: AtomicBool::new(false),
             clock,
             next_session: AtomicU64::new(1),
+            alert_sink: OnceLock::new(),
             stats,
             taken: Heartbeat::new(),
+        }
+    }
+
+    /// From now on, every accepted batch (never a duplicate) is also handed
+    /// to `sink` for the alert rules. Set once.
+    pub fn set_alert_sink(&self, sink: mpsc::Sender<AlertInput>) {
+        if self.alert_sink.set(sink).is_err() {
+            warn!("alert rules were already connected; the second connection is ignored");
+        }
+    }
+
+    /// Logs alert rows and buffers them for the `alert` table: written by the
+    /// next flush, and replayed after a crash like batches.
+    pub fn append_alerts(&self, rows: &[gputel_proto::AlertRow]) -> Result<(), LogUnavailable> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        {
+            let mut state = self.lock();
+            state.wal.append_alerts(rows)?;
+            state.buffer.append_alerts(rows);
+        }
+        self.sync_wanted.notify_one();
+        Ok(())
+    }
+
+    /// Hands an accepted batch to the alert rules without waiting: when their
+    /// queue is full the batch is counted and skipped, never the ack delayed.
+    fn to_alerts(&self, node: &str, batch: &gputel_proto::Batch) {
+        let Some(sink) = self.alert_sink.get() else {
+            return;
+        };
+        if batch.gpu.is_empty() && batch.event.is_empty() {
+            return;
+        }
+        if sink.try_send(AlertInput::from_batch(node, batch)).is_err() {
+            let dropped = self
+                .stats
+                .alert_inputs_dropped
+                .fetch_add(1, Ordering::Relaxed)
+                + 1;
+            if dropped.is_power_of_two() {
+                warn!(
+                    node,
+                    dropped, "alert rules are behind: batches skipped by them so far"
+                );
+            }
         }
     }
 
@@ -630,6 +684,7 @@ impl Session {
                 }
             }
             None => {
+                shared.to_alerts(node, batch);
                 shared.stats.batches.fetch_add(1, Ordering::Relaxed);
                 shared.stats.rows.fetch_add(rows as u64, Ordering::Relaxed);
                 if full {

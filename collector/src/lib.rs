@@ -7,7 +7,9 @@
 //! scheduler's job trace to the same store (`gputel-collector import-jobs`).
 //! [`systemd`] tells the service manager when the collector is ready and
 //! pets its watchdog while the loops make progress.
+//! [`alert`] evaluates alert rules on the accepted batches.
 
+pub mod alert;
 pub mod buffer;
 pub mod clock;
 pub mod compact;
@@ -64,6 +66,8 @@ pub enum RunError {
     },
     #[error("gRPC server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
+    #[error(transparent)]
+    Alert(#[from] alert::AlertError),
 }
 
 /// Runs the collector until `shutdown` completes, then writes everything
@@ -83,6 +87,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             None
         }
     };
+    // Rules are read before the server starts (a bad file stops the start),
+    // and ingest queues batches for them from the first stream on.
+    let alerts = match config.alerts {
+        Some(alerts) => Some(alert::Alerting::prepare(alerts)?),
+        None => None,
+    };
     let options = ServeOptions {
         flush_interval: config.flush_interval,
         flush_rows: config.flush_rows,
@@ -90,6 +100,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         max_agent_rows_per_s: config.max_agent_rows_per_s,
         max_message_bytes: config.max_message_bytes,
         tls,
+        alert_sink: alerts.as_ref().map(alert::PreparedAlerting::sink),
     };
     let (wal, replayed) = wal::Wal::open(&config.wal_dir)?;
     if !replayed.records.is_empty() {
@@ -108,6 +119,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         replayed,
     )
     .await?;
+    let alerting = alerts.map(|prepared| start_alerting(prepared, serving.shared()));
     let addr = serving.local_addr();
     info!(%addr, store = %config.store, flush_interval = ?config.flush_interval, "listening on {addr}");
     let maintenance = config.compact_interval.map(|interval| {
@@ -130,6 +142,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     }
     info!("shutting down: writing buffered rows");
     systemd::stopping("stopping: writing buffered rows");
+    if let Some(alerting) = alerting {
+        alerting.stop().await;
+    }
     serving.shutdown().await?;
     info!("stopped");
     Ok(())
@@ -161,9 +176,43 @@ async fn maintain(
     }
 }
 
+/// Alerting and its SIGHUP reloads, stopped together.
+#[derive(Debug)]
+pub struct RunningAlerts {
+    alerting: Arc<alert::Alerting>,
+    stop_reload: watch::Sender<bool>,
+    reload: JoinHandle<()>,
+}
+
+impl RunningAlerts {
+    /// Stops the reloads, then evaluates what is queued and saves the state.
+    pub async fn stop(self) {
+        let _ = self.stop_reload.send(true);
+        let _ = self.reload.await;
+        match Arc::try_unwrap(self.alerting) {
+            Ok(alerting) => alerting.stop().await,
+            Err(_) => {
+                warn!("alerting still in use at shutdown; its state was saved at the last change")
+            }
+        }
+    }
+}
+
 /// How long after its end, beyond one flush interval, an hour is compacted:
 /// time for agents' late batches to arrive.
 pub const COMPACT_GRACE: Duration = Duration::from_secs(5 * 60);
+
+/// Starts the alert rules on `shared`'s accepted batches, reloaded at SIGHUP.
+pub fn start_alerting(prepared: alert::PreparedAlerting, shared: &Arc<Shared>) -> RunningAlerts {
+    let alerting = Arc::new(prepared.start(Arc::clone(shared)));
+    let (stop_reload, stop_rx) = watch::channel(false);
+    let reload = tokio::spawn(alert::reload_on_sighup(Arc::clone(&alerting), stop_rx));
+    RunningAlerts {
+        alerting,
+        stop_reload,
+        reload,
+    }
+}
 
 /// The settings [`serve`] needs.
 #[derive(Debug, Clone)]
@@ -176,6 +225,8 @@ pub struct ServeOptions {
     pub max_message_bytes: usize,
     /// Mutual TLS; every agent must then show a certificate naming its node.
     pub tls: Option<ServerTlsConfig>,
+    /// Where accepted batches go for the alert rules (see [`alert`]).
+    pub alert_sink: Option<tokio::sync::mpsc::Sender<alert::eval::AlertInput>>,
 }
 
 /// The server side of mutual TLS from PEM files.
@@ -215,6 +266,9 @@ pub async fn serve(
         wal,
         replayed,
     ));
+    if let Some(sink) = options.alert_sink {
+        shared.set_alert_sink(sink);
+    }
     let (stop_flush, stop_flush_rx) = watch::channel(false);
     let (close_streams, close_streams_rx) = watch::channel(false);
     let mut flusher = Flusher::new(Arc::clone(&shared), store);

@@ -19,7 +19,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
-use gputel_proto::{Batch, WalRecord, WalState};
+use gputel_proto::{AlertRow, Batch, WalRecord, WalState};
 use prost::Message;
 use prost::encoding::{WireType, encode_key, encode_varint};
 use twox_hash::XxHash64;
@@ -205,6 +205,16 @@ impl Wal {
         }
         prost::encoding::message::encode(3, batch, &mut payload);
         self.append_payload(&payload)
+    }
+
+    /// Appends alert rows the collector raised itself as one record; durable
+    /// after the next sync, replayed into the `alert` table like batches.
+    pub fn append_alerts(&mut self, alerts: &[AlertRow]) -> Result<(), WalError> {
+        let record = WalRecord {
+            alerts: alerts.to_vec(),
+            ..WalRecord::default()
+        };
+        self.append_payload(&record.encode_to_vec())
     }
 
     fn append_payload(&mut self, payload: &[u8]) -> Result<(), WalError> {
@@ -439,6 +449,7 @@ mod tests {
                 }],
                 ..Batch::default()
             }),
+            ..WalRecord::default()
         }
     }
 

@@ -90,6 +90,7 @@ impl Collector {
             max_unwritten_rows,
             max_agent_rows_per_s,
             tls: None,
+            alert_sink: None,
         };
         let (wal, replayed) =
             gputel_collector::wal::Wal::open(&dir.path().join("wal")).expect("open log");

@@ -11,8 +11,8 @@ pub mod v1 {
 }
 
 pub use v1::{
-    AgentMessage, Batch, CollectorMessage, EventKind, GpuEvent, GpuProcess, GpuSample, Hello,
-    IbPortSample, NodeSample, WalRecord, WalState, agent_message, collector_message,
+    AgentMessage, AlertRow, Batch, CollectorMessage, EventKind, GpuEvent, GpuProcess, GpuSample,
+    Hello, IbPortSample, NodeSample, WalRecord, WalState, agent_message, collector_message,
 };
 
 /// Largest encoded message either side accepts by default (16 MiB).

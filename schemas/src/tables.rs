@@ -30,17 +30,20 @@ pub enum Table {
     /// What the collector observed of each job: one row per (job, node, GPU)
     /// per written file, with the first and last sample time.
     Job,
+    /// One row per alert firing or resolution raised by the collector's rules.
+    Alert,
 }
 
 impl Table {
     /// Every table, in a stable order.
-    pub const ALL: [Table; 6] = [
+    pub const ALL: [Table; 7] = [
         Table::Gpu,
         Table::Node,
         Table::Ib,
         Table::Event,
         Table::GpuProcess,
         Table::Job,
+        Table::Alert,
     ];
 
     /// The table's name: its directory under the store and its golden file's stem.
@@ -52,6 +55,7 @@ impl Table {
             Table::Event => "event",
             Table::GpuProcess => "gpu_process",
             Table::Job => "job",
+            Table::Alert => "alert",
         }
     }
 
@@ -65,13 +69,14 @@ impl Table {
             Table::Event => EVENT.clone(),
             Table::GpuProcess => GPU_PROCESS.clone(),
             Table::Job => JOB.clone(),
+            Table::Alert => ALERT.clone(),
         }
     }
 
     /// Columns the rows of a file are sorted by: node, then device, then time.
     pub fn sort_key(self) -> &'static [&'static str] {
         match self {
-            Table::Gpu | Table::Event => &[col::NODE, col::GPU, col::TS],
+            Table::Gpu | Table::Event | Table::Alert => &[col::NODE, col::GPU, col::TS],
             Table::GpuProcess => &[col::NODE, col::GPU, col::PID, col::TS],
             Table::Job => &[col::JOB_ID, col::NODE, col::GPU, col::TS],
             Table::Node => &[col::NODE, col::TS],
@@ -83,7 +88,9 @@ impl Table {
     pub fn bloom_filter_columns(self) -> &'static [&'static str] {
         match self {
             Table::Node | Table::Ib => &[col::NODE],
-            Table::Gpu | Table::Event | Table::GpuProcess | Table::Job => &[col::NODE, col::JOB_ID],
+            Table::Gpu | Table::Event | Table::GpuProcess | Table::Job | Table::Alert => {
+                &[col::NODE, col::JOB_ID]
+            }
         }
     }
 }
@@ -259,6 +266,28 @@ static JOB: LazyLock<SchemaRef> = LazyLock::new(|| {
             false,
         ),
         Field::new("samples", DataType::Int64, false),
+    ]))
+});
+
+static ALERT: LazyLock<SchemaRef> = LazyLock::new(|| {
+    let micros = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
+    Arc::new(Schema::new(vec![
+        // Sample time of the transition: the sample that completed `for`
+        // (firing) or the clear condition (resolved).
+        ts(),
+        dict_str(col::NODE, false),
+        // Null for node-wide rules (node power).
+        opt(col::GPU, DataType::Int32),
+        dict_str("uuid", true),
+        dict_str("model", true),
+        dict_str(col::JOB_ID, true),
+        dict_str("rule", false),
+        dict_str("severity", false),
+        dict_str("status", false),
+        dict_str("metric", false),
+        opt("value", DataType::Float64),
+        opt("threshold", DataType::Float64),
+        Field::new("starts_at", micros, false),
     ]))
 });
 

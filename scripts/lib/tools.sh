@@ -140,3 +140,58 @@ ensure_systemd_analyze() {
   export GPUTEL_SYSTEMD_ANALYZE
   GPUTEL_SYSTEMD_ANALYZE=$(command -v systemd-analyze)
 }
+
+# Sets GPUTEL_ALERTMANAGER to Prometheus' Alertmanager: one on PATH, else the
+# one in Debian's prometheus-alertmanager package, unpacked under target/tools
+# (installing the package would also enable and start the service).
+ensure_alertmanager() {
+  local alertmanager dir="$tools_dir/alertmanager"
+  if command -v alertmanager >/dev/null && alertmanager --version >/dev/null 2>&1; then
+    alertmanager=$(command -v alertmanager)
+  elif command -v prometheus-alertmanager >/dev/null && prometheus-alertmanager --version >/dev/null 2>&1; then
+    alertmanager=$(command -v prometheus-alertmanager)
+  else
+    if [[ ! -x $dir/alertmanager ]]; then
+      command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null \
+        || die "Alertmanager is not installed: install it and put alertmanager on PATH (Debian: apt-get install prometheus-alertmanager)"
+      say "installing Alertmanager (Debian package prometheus-alertmanager, unpacked in $dir)"
+      local deb_dir
+      deb_dir=$(mktemp -d)
+      if ! (cd "$deb_dir" && apt-get download -qq prometheus-alertmanager >/dev/null 2>&1); then
+        if [[ $(id -u) != 0 ]]; then
+          rm -rf "$deb_dir"
+          die "Alertmanager is not installed and apt-get cannot download the Debian package prometheus-alertmanager (stale package lists?): run 'apt-get update' as root, or install alertmanager and put it on PATH"
+        fi
+        apt-get update -qq >/dev/null
+        (cd "$deb_dir" && apt-get download -qq prometheus-alertmanager >/dev/null 2>&1) || {
+          rm -rf "$deb_dir"
+          die "apt-get could not download the Debian package prometheus-alertmanager; install alertmanager and put it on PATH"
+        }
+      fi
+      mkdir -p "$dir"
+      dpkg-deb --fsys-tarfile "$deb_dir"/prometheus-alertmanager_*.deb \
+        | tar -x -C "$dir" ./usr/bin/prometheus-alertmanager ./usr/share/prometheus/alertmanager || {
+        rm -rf "$deb_dir"
+        die "could not unpack alertmanager from the Debian package prometheus-alertmanager"
+      }
+      rm -rf "$deb_dir"
+      # Debian's build reads its notification templates from the absolute
+      # /usr/share/prometheus/alertmanager and stops without them. Point the
+      # unpacked copy at its own: the path becomes relative (same length,
+      # so the binary stays intact), and a wrapper runs it from $dir.
+      python3 - "$dir/usr/bin/prometheus-alertmanager" <<'PY' || die "could not adapt the unpacked Alertmanager"
+import sys
+path = sys.argv[1]
+data = open(path, "rb").read()
+old, new = b"/usr/share/prometheus/alertmanager", b"usr/share/prometheus/alertmanager/"
+assert len(old) == len(new) and old in data, "template path not found"
+open(path, "wb").write(data.replace(old, new))
+PY
+      printf '#!/bin/sh\n# Runs the unpacked Alertmanager next to its templates.\ncd "$(dirname "$0")" && exec ./usr/bin/prometheus-alertmanager "$@"\n' > "$dir/alertmanager"
+      chmod +x "$dir/alertmanager"
+    fi
+    alertmanager="$dir/alertmanager"
+  fi
+  "$alertmanager" --version >/dev/null 2>&1 || die "Alertmanager at $alertmanager does not run"
+  export GPUTEL_ALERTMANAGER="$alertmanager"
+}

@@ -142,6 +142,14 @@ impl Running {
         }
     }
 
+    /// Like [`Running::wait_for_log`], but a line already read counts too.
+    pub fn find_log(&mut self, needle: &str, timeout: Duration) -> String {
+        match self.log.iter().find(|l| l.contains(needle)) {
+            Some(line) => line.clone(),
+            None => self.wait_for_log(needle, timeout),
+        }
+    }
+
     /// Sends SIGTERM and waits for the process to exit; returns its stdout.
     pub fn terminate(self, timeout: Duration) -> Output {
         self.signal("TERM", timeout)
@@ -156,6 +164,16 @@ impl Running {
             .expect("run kill");
         assert!(status.success(), "kill -{signal} failed");
         self.wait(timeout)
+    }
+
+    /// Sends a signal (`"HUP"`, …) and leaves the process running.
+    pub fn send_signal(&self, signal: &str) {
+        let child = self.child.as_ref().expect("running");
+        let status = Command::new("kill")
+            .args([&format!("-{signal}"), &child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{signal} failed");
     }
 
     /// Waits for the process to exit by itself; returns its output.
@@ -411,4 +429,151 @@ pub fn run_scenario_pipeline(
         "collector failed"
     );
     store
+}
+
+/// Prometheus' Alertmanager: `$GPUTEL_ALERTMANAGER` (scripts/test installs
+/// it). Under `CI=true` a missing one fails the test; otherwise the test is
+/// skipped with a printed reason (None).
+pub fn alertmanager_bin() -> Option<PathBuf> {
+    match std::env::var_os("GPUTEL_ALERTMANAGER") {
+        Some(path) => Some(PathBuf::from(path)),
+        None if std::env::var("CI").is_ok_and(|v| v == "true") => panic!(
+            "GPUTEL_ALERTMANAGER is not set: run the tests through scripts/test, which installs \
+             Alertmanager (Debian package prometheus-alertmanager)"
+        ),
+        None => {
+            eprintln!(
+                "skipped: GPUTEL_ALERTMANAGER is not set (scripts/test installs Alertmanager and sets it)"
+            );
+            None
+        }
+    }
+}
+
+/// A real Alertmanager on a free loopback port, clustering off, routing
+/// every alert to a receiver that drops it; killed when dropped.
+#[derive(Debug)]
+pub struct Alertmanager {
+    _process: Running,
+    /// `http://127.0.0.1:<port>`.
+    pub url: String,
+    addr: String,
+}
+
+impl Alertmanager {
+    /// Starts one with its storage and configuration under `dir`, and waits
+    /// until `/-/ready` answers; None when the test is to be skipped.
+    pub fn start(dir: &Path) -> Option<Alertmanager> {
+        let bin = alertmanager_bin()?;
+        let config = dir.join("alertmanager.yml");
+        std::fs::write(
+            &config,
+            "route:\n  receiver: drop\n  group_wait: 1s\nreceivers:\n  - name: drop\n",
+        )
+        .expect("write alertmanager.yml");
+        let port = unused_port();
+        let addr = format!("127.0.0.1:{port}");
+        let mut cmd = Command::new(&bin);
+        cmd.arg(format!("--config.file={}", config.display()))
+            .arg(format!("--storage.path={}", dir.join("am-data").display()))
+            .arg(format!("--web.listen-address={addr}"))
+            .arg("--cluster.listen-address=");
+        let process = Running::spawn(cmd);
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while http_get(&addr, "/-/ready").is_none_or(|(status, _)| status != 200) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "Alertmanager ({}) not ready on {addr} within 30 s",
+                bin.display()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Some(Alertmanager {
+            _process: process,
+            url: format!("http://{addr}"),
+            addr,
+        })
+    }
+
+    /// Its active alerts (`GET /api/v2/alerts`; resolved ones are not listed).
+    pub fn alerts(&self) -> Vec<serde_json::Value> {
+        let (status, body) = http_get(&self.addr, "/api/v2/alerts").expect("Alertmanager answers");
+        assert_eq!(status, 200, "GET /api/v2/alerts: {body}");
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("alerts {body:?}: {e}"))
+    }
+
+    /// Its active alerts named `alertname`.
+    pub fn alerts_named(&self, alertname: &str) -> Vec<serde_json::Value> {
+        self.alerts()
+            .into_iter()
+            .filter(|a| a["labels"]["alertname"] == alertname)
+            .collect()
+    }
+
+    /// Polls its alerts until `done` holds for them (at most `timeout`);
+    /// returns them.
+    pub fn wait_for(
+        &self,
+        what: &str,
+        timeout: Duration,
+        done: impl Fn(&[serde_json::Value]) -> bool,
+    ) -> Vec<serde_json::Value> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let alerts = self.alerts();
+            if done(&alerts) {
+                return alerts;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "Alertmanager: no {what} within {timeout:?}; its alerts: {alerts:#?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// A plain HTTP/1.1 GET on loopback: the status and the body; None when
+/// nothing answers.
+pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: application/json\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).ok()?;
+    let split = response.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = String::from_utf8_lossy(&response[..split]).to_ascii_lowercase();
+    let body = &response[split + 4..];
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    let body = if head.contains("transfer-encoding: chunked") {
+        dechunk(body)
+    } else {
+        body.to_vec()
+    };
+    Some((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// The body of a chunked HTTP/1.1 response.
+fn dechunk(mut body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(eol) = body.windows(2).position(|w| w == b"\r\n") {
+        let size = String::from_utf8_lossy(&body[..eol]);
+        let Ok(size) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        let rest = &body[eol + 2..];
+        if size == 0 || rest.len() < size {
+            break;
+        }
+        out.extend_from_slice(&rest[..size]);
+        body = rest[size..].strip_prefix(b"\r\n").unwrap_or(&rest[size..]);
+    }
+    out
 }

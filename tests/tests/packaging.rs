@@ -82,22 +82,17 @@ fn contents(deb: &Path) -> BTreeMap<String, (String, String)> {
     clippy::unwrap_used,
     reason = "called only by tests: a panic is the failure report"
 )]
-fn check_package(package: &str, config: &str, purged: &str) {
+fn check_package(package: &str, configs: &[&str], purged: &str) {
     let Some(dir) = deb_dir() else { return };
     let deb = deb_of(&dir, package);
     let listed = contents(&deb);
     let systemd = workspace_root().join("systemd");
-    let expected = [
+    let mut expected = vec![
         (format!("/usr/bin/{package}"), "-rwxr-xr-x", None),
         (
             format!("/usr/lib/systemd/system/{package}.service"),
             "-rw-r--r--",
             Some(systemd.join(format!("{package}.service"))),
-        ),
-        (
-            format!("/etc/gputel/{config}"),
-            "-rw-r--r--",
-            Some(systemd.join(config)),
         ),
         (
             format!("/usr/lib/sysusers.d/{package}.conf"),
@@ -110,6 +105,13 @@ fn check_package(package: &str, config: &str, purged: &str) {
             Some(systemd.join(format!("{package}.tmpfile"))),
         ),
     ];
+    for config in configs {
+        expected.push((
+            format!("/etc/gputel/{config}"),
+            "-rw-r--r--",
+            Some(systemd.join(config)),
+        ));
+    }
     let unpacked = tempfile::tempdir().unwrap();
     let out = Command::new("dpkg-deb")
         .arg("-x")
@@ -157,7 +159,8 @@ fn check_package(package: &str, config: &str, purged: &str) {
         .unwrap();
     assert!(status.success());
     let read = |name: &str| std::fs::read_to_string(control.path().join(name)).unwrap();
-    assert_eq!(read("conffiles").trim(), format!("/etc/gputel/{config}"));
+    let conffiles: Vec<String> = configs.iter().map(|c| format!("/etc/gputel/{c}")).collect();
+    assert_eq!(read("conffiles").trim(), conffiles.join("\n"));
     assert!(
         read("postinst").contains(&format!(
             "systemd-sysusers ${{DPKG_ROOT:+--root=\"$DPKG_ROOT\"}} {package}.conf"
@@ -185,14 +188,18 @@ fn check_package(package: &str, config: &str, purged: &str) {
 
 #[test]
 fn the_agent_package_holds_program_unit_config_and_snippets() {
-    check_package("gputel-agent", "agent.toml", "rm -rf /var/lib/gputel/spool");
+    check_package(
+        "gputel-agent",
+        &["agent.toml"],
+        "rm -rf /var/lib/gputel/spool",
+    );
 }
 
 #[test]
 fn the_collector_package_holds_program_unit_config_and_snippets() {
     check_package(
         "gputel-collector",
-        "collector.toml",
+        &["collector.toml", "alerts.toml"],
         "rm -rf /var/lib/gputel/wal",
     );
 }

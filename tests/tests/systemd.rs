@@ -270,9 +270,19 @@ fn the_example_collector_config_is_valid_and_bad_keys_are_named() {
         .args(["--plaintext", "--listen", "127.0.0.1:0", "--store"])
         .arg(dir.path().join("store"))
         .arg("--wal-dir")
-        .arg(dir.path().join("wal"));
+        .arg(dir.path().join("wal"))
+        .arg("--rules")
+        .arg(workspace_root().join("systemd/alerts.toml"));
     let mut collector = gputel_tests::Running::spawn(cmd);
     let line = collector.wait_for_log("listening on ", std::time::Duration::from_secs(30));
+    assert!(
+        collector
+            .log
+            .iter()
+            .any(|l| l.contains("loaded 7 alert rules")),
+        "{:#?}",
+        collector.log
+    );
     assert!(line.contains("flush_interval=60s"), "{line}");
     let stopped = collector.terminate(std::time::Duration::from_secs(30));
     assert!(stopped.status.success());
