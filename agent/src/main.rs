@@ -230,7 +230,11 @@ fn main() -> anyhow::Result<()> {
     } else {
         info!("stopped: {summary}");
     }
-    println!("{summary}");
+    // For scripts and tests; under systemd stdout is the journal too, which
+    // has the summary from the log line above already.
+    if std::env::var_os("JOURNAL_STREAM").is_none() {
+        println!("{summary}");
+    }
     Ok(())
 }
 
