@@ -19,7 +19,7 @@ struct Proc {
 }
 
 fuzz_target!(|input: Proc| {
-    let root = tempfile::tempdir_in(scratch()).expect("a scratch directory");
+    let root = tempfile::tempdir_in(gputel_fuzz::scratch_dir()).expect("a scratch directory");
     let write = |name: &str, bytes: &[u8]| {
         std::fs::write(root.path().join(name), bytes).expect("write a proc file");
     };
@@ -47,13 +47,3 @@ fuzz_target!(|input: Proc| {
         assert!(!job.is_empty());
     }
 });
-
-/// tmpfs when there is one: every input writes a small file tree.
-fn scratch() -> std::path::PathBuf {
-    let shm = std::path::Path::new("/dev/shm");
-    if shm.is_dir() {
-        shm.to_owned()
-    } else {
-        std::env::temp_dir()
-    }
-}

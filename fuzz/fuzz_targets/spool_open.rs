@@ -15,7 +15,7 @@ struct SpoolDir {
 }
 
 fuzz_target!(|dir: SpoolDir| {
-    let tmp = tempfile::tempdir_in(scratch()).expect("a scratch directory");
+    let tmp = tempfile::tempdir_in(gputel_fuzz::scratch_dir()).expect("a scratch directory");
     if let Some(id) = &dir.agent_id {
         std::fs::write(tmp.path().join("agent.id"), id).expect("write agent.id");
     }
@@ -30,13 +30,3 @@ fuzz_target!(|dir: SpoolDir| {
         }
     }
 });
-
-/// tmpfs when there is one: the spool fsyncs, and the fuzzer runs it often.
-fn scratch() -> std::path::PathBuf {
-    let shm = std::path::Path::new("/dev/shm");
-    if shm.is_dir() {
-        shm.to_owned()
-    } else {
-        std::env::temp_dir()
-    }
-}

@@ -43,7 +43,7 @@ struct Port {
 }
 
 fuzz_target!(|port: Port| {
-    let root = tempfile::tempdir_in(scratch()).expect("a scratch directory");
+    let root = tempfile::tempdir_in(gputel_fuzz::scratch_dir()).expect("a scratch directory");
     let dir = root.path().join("class/infiniband/mlx5_0/ports/1");
     for sub in ["counters", "counters_ext", "hw_counters"] {
         std::fs::create_dir_all(dir.join(sub)).expect("create the port tree");
@@ -78,13 +78,3 @@ fuzz_target!(|port: Port| {
         ts_us = ts_us.wrapping_add(port.step_us);
     }
 });
-
-/// tmpfs when there is one: every input writes a small file tree.
-fn scratch() -> std::path::PathBuf {
-    let shm = std::path::Path::new("/dev/shm");
-    if shm.is_dir() {
-        shm.to_owned()
-    } else {
-        std::env::temp_dir()
-    }
-}

@@ -15,7 +15,7 @@ struct WalDir {
 }
 
 fuzz_target!(|dir: WalDir| {
-    let tmp = tempfile::tempdir_in(scratch()).expect("a scratch directory");
+    let tmp = tempfile::tempdir_in(gputel_fuzz::scratch_dir()).expect("a scratch directory");
     if let Some(state) = &dir.state {
         std::fs::write(tmp.path().join("state.pb"), state).expect("write state.pb");
     }
@@ -28,13 +28,3 @@ fuzz_target!(|dir: WalDir| {
         assert!(replayed.segments.iter().all(|s| *s < wal.segment()));
     }
 });
-
-/// tmpfs when there is one: the log fsyncs, and the fuzzer runs it often.
-fn scratch() -> std::path::PathBuf {
-    let shm = std::path::Path::new("/dev/shm");
-    if shm.is_dir() {
-        shm.to_owned()
-    } else {
-        std::env::temp_dir()
-    }
-}

@@ -122,6 +122,16 @@ impl Running {
         self.child.as_ref().expect("running").id()
     }
 
+    /// Waits for a collector's "listening on ADDR" log line; returns ADDR.
+    pub fn listening_address(&mut self) -> String {
+        let line = self.wait_for_log("listening on ", Duration::from_secs(30));
+        line.split("listening on ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no address in {line:?}"))
+            .to_owned()
+    }
+
     /// Reads stderr until a line contains `needle`; returns that line.
     pub fn wait_for_log(&mut self, needle: &str, timeout: Duration) -> String {
         let deadline = std::time::Instant::now() + timeout;
@@ -228,13 +238,7 @@ pub fn start_collector(store: &Path, extra_args: &[&str]) -> (Running, String) {
         .args(extra_args)
         .env("RUST_LOG", "info");
     let mut collector = Running::spawn(cmd);
-    let line = collector.wait_for_log("listening on ", Duration::from_secs(30));
-    let addr = line
-        .split("listening on ")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_owned();
+    let addr = collector.listening_address();
     (collector, addr)
 }
 

@@ -89,13 +89,7 @@ fn a_full_disk_stops_acknowledgements_and_loses_nothing_when_space_returns() {
         .arg(mounted.join("wal"))
         .env("RUST_LOG", "info");
     let mut collector = Running::spawn(collector);
-    let line = collector.wait_for_log("listening on ", Duration::from_secs(30));
-    let addr = line
-        .split("listening on ")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .expect("an address")
-        .to_owned();
+    let addr = collector.listening_address();
 
     let mut agent = fixture_agent("gpu-node-031");
     agent

@@ -183,13 +183,7 @@ fn the_collector_is_ready_once_listening_pets_the_watchdog_and_says_when_it_stop
         .env("RUST_LOG", "info");
     under_systemd(&mut cmd, &socket);
     let mut collector = Running::spawn(cmd);
-    let line = collector.wait_for_log("listening on ", PATIENCE);
-    let addr = line
-        .split("listening on ")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_owned();
+    let addr = collector.listening_address();
 
     let ready = notify.wait_for("READY=1");
     assert_eq!(

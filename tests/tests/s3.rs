@@ -175,13 +175,7 @@ fn s3_collector(endpoint: &str, prefix: &str, wal: &Path, extra: &[&str]) -> (Ru
         .args(extra)
         .env("RUST_LOG", "info");
     let mut collector = Running::spawn(cmd);
-    let line = collector.wait_for_log("listening on ", Duration::from_secs(30));
-    let addr = line
-        .split("listening on ")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .expect("an address")
-        .to_owned();
+    let addr = collector.listening_address();
     (collector, addr)
 }
 
