@@ -13,11 +13,12 @@
 --
 -- Tables (columns: README.md, "Tables"; types: schemas/golden/*.schema), each
 -- with the partition columns of its path appended:
---   gpu, node, ib, event, gpu_process, job: `date` (DATE) and `hour` (INTEGER);
+--   gpu, node, ib, event, gpu_process, job, alert: `date` (DATE) and `hour` (INTEGER);
 --   scheduler_job: `month` (VARCHAR, 'YYYY-MM' or 'unknown').
 -- gpu and node must exist: a store without them is the wrong path, and the
 -- error names the pattern that matched no file. The other tables are often
--- legitimately absent (no XID yet, no InfiniBand, no job trace imported):
+-- legitimately absent (no XID yet, no InfiniBand, no job trace imported, no
+-- alert fired):
 -- views.sql checks which of them have files when it is read, and a table
 -- without any is an empty view with the table's columns, so every query runs.
 -- Read views.sql again after a table appears for the first time.
@@ -38,6 +39,7 @@ CREATE OR REPLACE MACRO gputel_scan(tbl) AS TABLE
 CREATE OR REPLACE MACRO gputel_has_files(tbl) AS
     (SELECT count(*) > 0 FROM glob(gputel_files(tbl)));
 
+SET VARIABLE gputel_has_alert = gputel_has_files('alert');
 SET VARIABLE gputel_has_event = gputel_has_files('event');
 SET VARIABLE gputel_has_gpu_process = gputel_has_files('gpu_process');
 SET VARIABLE gputel_has_ib = gputel_has_files('ib');
@@ -53,6 +55,18 @@ CREATE OR REPLACE VIEW event AS FROM query(CASE WHEN getvariable('gputel_has_eve
     ELSE 'SELECT NULL::TIMESTAMPTZ AS ts, NULL::VARCHAR AS node, NULL::INTEGER AS gpu,
                  NULL::VARCHAR AS uuid, NULL::VARCHAR AS kind, NULL::BIGINT AS code,
                  NULL::VARCHAR AS detail, NULL::VARCHAR AS job_id,
+                 NULL::DATE AS date, NULL::INTEGER AS hour
+          LIMIT 0'
+    END);
+
+-- Every firing and every resolution of an alert rule (README, "Alerting").
+CREATE OR REPLACE VIEW alert AS FROM query(CASE WHEN getvariable('gputel_has_alert')
+    THEN 'FROM gputel_scan(''alert'')'
+    ELSE 'SELECT NULL::TIMESTAMPTZ AS ts, NULL::VARCHAR AS node, NULL::INTEGER AS gpu,
+                 NULL::VARCHAR AS uuid, NULL::VARCHAR AS model, NULL::VARCHAR AS job_id,
+                 NULL::VARCHAR AS rule, NULL::VARCHAR AS severity, NULL::VARCHAR AS status,
+                 NULL::VARCHAR AS metric, NULL::DOUBLE AS value, NULL::DOUBLE AS threshold,
+                 NULL::TIMESTAMPTZ AS starts_at,
                  NULL::DATE AS date, NULL::INTEGER AS hour
           LIMIT 0'
     END);

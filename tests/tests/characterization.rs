@@ -314,7 +314,16 @@ fn build_store() -> Store {
             .collect(),
     );
 
-    let (collector, addr) = start_collector(&store, &["--flush-interval", "1s"]);
+    // One alert rule, so that the store has an `alert` table: the GPUs at
+    // 70 °C or more (A0 at 70, A3 at 80, B0 at 71) fire at their first sample.
+    let rules = dir.join("rules.toml");
+    std::fs::write(
+        &rules,
+        "[[rule]]\nname = \"Warm\"\nmetric = \"temperature_c\"\nop = \">=\"\nthreshold = 70\nfor = \"0s\"\nseverity = \"info\"\n",
+    )
+    .expect("write rules");
+    let rules = rules.to_str().expect("a UTF-8 path");
+    let (collector, addr) = start_collector(&store, &["--flush-interval", "1s", "--rules", rules]);
     // fixture_agent's command with a sysfs root of our own (the flag cannot
     // be given twice).
     let agent = |node: &str, scenario: &Path, map: &Path, sys: &Path| {
@@ -432,7 +441,14 @@ fn every_query_answers_exactly_on_pipeline_data() {
 }
 
 /// The views.sql views that may have no file yet.
-const OPTIONAL_TABLES: [&str; 5] = ["event", "gpu_process", "ib", "job", "scheduler_job"];
+const OPTIONAL_TABLES: [&str; 6] = [
+    "alert",
+    "event",
+    "gpu_process",
+    "ib",
+    "job",
+    "scheduler_job",
+];
 
 /// One query giving every optional table's columns and row count.
 fn optional_tables_sql() -> String {
@@ -458,6 +474,7 @@ fn check_views(s: &Store) {
             "SELECT (FROM gpu SELECT count(*)) AS gpu, (FROM node SELECT count(*)) AS node, \
                     (FROM ib SELECT count(*)) AS ib, (FROM event SELECT count(*)) AS event, \
                     (FROM gpu_process SELECT count(*)) AS gpu_process, \
+                    (FROM alert SELECT string_agg(node || ':' || gpu || ':' || status || ':' || value, ' ' ORDER BY node, gpu)) AS alerts, \
                     (FROM job SELECT sum(samples)::BIGINT) AS job_samples, \
                     (FROM scheduler_job SELECT count(*)) AS scheduler_job, \
                     (FROM scheduler_job_latest SELECT count(*)) AS scheduler_job_latest, \
@@ -469,6 +486,8 @@ fn check_views(s: &Store) {
             "event": 5,
             // Listed once (--process-interval 1h): one row per process and GPU.
             "gpu_process": 8,
+            // The one rule fired for the three GPUs at 70 °C or more.
+            "alerts": "gpu-node-001:0:firing:70.0 gpu-node-001:3:firing:80.0 gpu-node-002:0:firing:71.0",
             // GPUs A0-A3, A6, B0, B1 had one job each at every tick.
             "job_samples": 7 * TICKS,
             // Five imports of (source, job); four job ids.
