@@ -22,6 +22,9 @@ async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // A closed stderr must not stop the program: by default a failed
+        // write is reported with eprint!, which panics when stderr is gone.
+        .log_internal_errors(false)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     gputel_collector::run(config, shutdown).await?;
@@ -61,6 +64,9 @@ async fn compact(args: Compact) -> anyhow::Result<()> {
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        // A closed stderr must not stop the program: by default a failed
+        // write is reported with eprint!, which panics when stderr is gone.
+        .log_internal_errors(false)
         .init();
     let (store_spec, s3, retention) = args.resolve()?;
     let options = compact::CompactOptions {

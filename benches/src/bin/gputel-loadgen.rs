@@ -31,6 +31,9 @@ fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // A closed stderr must not stop the program: by default a failed
+        // write is reported with eprint!, which panics when stderr is gone.
+        .log_internal_errors(false)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 
