@@ -22,11 +22,11 @@
 use std::collections::BTreeMap;
 
 use arrow_array::RecordBatch;
+use arrow_schema::{DataType, Schema};
 use bytes::Bytes;
 use gputel_benches::{
     AgentBatch, bench_mode, buffer_and_take, metric_columns, metric_values, simulate,
 };
-use arrow_schema::{DataType, Schema};
 use gputel_collector::persist::{compacted_properties, encode_with, sort_rows, writer_properties};
 use gputel_schemas::Table;
 use parquet::basic::{Compression, Encoding, ZstdLevel};
@@ -69,10 +69,11 @@ impl Settings {
         match self {
             Settings::Flush => writer_properties(table),
             Settings::Compacted => compacted_properties(table, rows),
-            Settings::Variant(v) => {
-                (v.change)(compacted_properties(table, rows).into_builder(), &table.schema())
-                    .build()
-            }
+            Settings::Variant(v) => (v.change)(
+                compacted_properties(table, rows).into_builder(),
+                &table.schema(),
+            )
+            .build(),
         }
     }
 }
@@ -85,7 +86,9 @@ struct Variant {
 }
 
 fn zstd(b: WriterPropertiesBuilder, level: i32) -> WriterPropertiesBuilder {
-    b.set_compression(Compression::ZSTD(ZstdLevel::try_new(level).expect("valid zstd level")))
+    b.set_compression(Compression::ZSTD(
+        ZstdLevel::try_new(level).expect("valid zstd level"),
+    ))
 }
 
 /// Changes every column of `schema` whose type `pick` accepts.
@@ -126,11 +129,19 @@ const VARIANTS: &[Variant] = &[
     },
     Variant {
         name: "floats PLAIN instead of BYTE_STREAM_SPLIT",
-        change: |b, s| per_column(b, s, is_float, |b, c| b.set_column_encoding(c, Encoding::PLAIN)),
+        change: |b, s| {
+            per_column(b, s, is_float, |b, c| {
+                b.set_column_encoding(c, Encoding::PLAIN)
+            })
+        },
     },
     Variant {
         name: "integers PLAIN instead of DELTA_BINARY_PACKED",
-        change: |b, s| per_column(b, s, is_int, |b, c| b.set_column_encoding(c, Encoding::PLAIN)),
+        change: |b, s| {
+            per_column(b, s, is_int, |b, c| {
+                b.set_column_encoding(c, Encoding::PLAIN)
+            })
+        },
     },
     Variant {
         name: "integers BYTE_STREAM_SPLIT",
@@ -142,12 +153,18 @@ const VARIANTS: &[Variant] = &[
     },
     Variant {
         name: "integers dictionary (fallback DELTA_BINARY_PACKED)",
-        change: |b, s| per_column(b, s, is_int, |b, c| b.set_column_dictionary_enabled(c, true)),
+        change: |b, s| {
+            per_column(b, s, is_int, |b, c| {
+                b.set_column_dictionary_enabled(c, true)
+            })
+        },
     },
     Variant {
         name: "floats dictionary (fallback BYTE_STREAM_SPLIT)",
         change: |b, s| {
-            per_column(b, s, is_float, |b, c| b.set_column_dictionary_enabled(c, true))
+            per_column(b, s, is_float, |b, c| {
+                b.set_column_dictionary_enabled(c, true)
+            })
         },
     },
 ];
@@ -230,7 +247,7 @@ fn total(sizes: &BTreeMap<Table, Size>) -> (u64, u64) {
 fn print_types(title: &str, sizes: &BTreeMap<Table, Size>) {
     println!("\n{title}: compressed bytes per column type");
     println!(
-        "{:<6} {:<18} {:>7} {:>11} {:>11} {:>13} {:>8}",
+        "{:<6} {:<22} {:>7} {:>11} {:>11} {:>13} {:>8}",
         "table", "columns", "count", "bytes", "values", "bytes/value", "of file"
     );
     for (table, s) in sizes {
@@ -260,7 +277,7 @@ fn print_types(title: &str, sizes: &BTreeMap<Table, Size>) {
                 "-".to_owned()
             };
             println!(
-                "{:<6} {:<18} {:>7} {:>11} {:>11} {:>13} {:>7.1}%",
+                "{:<6} {:<22} {:>7} {:>11} {:>11} {:>13} {:>7.1}%",
                 table.name(),
                 class,
                 cols,
@@ -420,10 +437,7 @@ fn main() {
 
     println!("\nhourly files under other writer settings (all tables)");
     let (base_bytes, values) = total(&hourly);
-    println!(
-        "{:<52} {:>11} {:>11}",
-        "settings", "bytes", "bytes/value"
-    );
+    println!("{:<52} {:>11} {:>11}", "settings", "bytes", "bytes/value");
     println!(
         "{:<52} {:>11} {:>11.3}",
         "the collector's (compacted)",

@@ -15,7 +15,7 @@ source benches/scripts/common.sh
 ticks=${1:-3600}
 build_release
 dir=$(mktemp -d)
-trap 'pkill -P "${COLLECTOR_PID:-0}"; rm -rf "$dir"; true' EXIT
+trap 'set +e; pkill -P "${COLLECTOR_PID:-0}"; rm -rf "$dir"; true' EXIT
 start_collector "$dir"
 
 say "agent: $ticks ticks at 10 ms on the fixtures and 8 fake GPUs"

@@ -18,7 +18,7 @@ duration=${1:-300}
 build_release
 if [[ -n ${GPUTEL_DUCKDB:-} ]]; then DUCKDB=$GPUTEL_DUCKDB; else ensure_duckdb; fi
 dir=$(mktemp -d)
-trap 'kill "${AGENT_PID:-}" 2>/dev/null; pkill -P "${COLLECTOR_PID:-0}"; rm -rf "$dir"; true' EXIT
+trap 'set +e; kill "${AGENT_PID:-}" 2>/dev/null; pkill -P "${COLLECTOR_PID:-0}"; rm -rf "$dir"; true' EXIT
 start_collector "$dir"
 "$AGENT" --nvml-lib "$FAKE_NVML" --procfs-root "$FIXTURES/proc" \
   --sysfs-root "$FIXTURES/sys" --node bench-node --plaintext \

@@ -16,7 +16,7 @@ counts=("$@")
 [[ ${#counts[@]} -gt 0 ]] || counts=(10 100 1000)
 build_release
 dir=$(mktemp -d)
-trap 'pkill -P "${COLLECTOR_PID:-0}"; rm -rf "$dir"; true' EXIT
+trap 'set +e; pkill -P "${COLLECTOR_PID:-0}"; rm -rf "$dir"; true' EXIT
 
 machine
 printf '%-7s %7s %11s %9s %13s %11s %15s %10s %11s\n' agents ticks values wall_s \

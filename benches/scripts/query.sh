@@ -30,7 +30,7 @@ day=2024-06-12
 
 if [[ ! -e $base/done ]]; then
   rm -rf "$base"
-  trap 'pkill -P "${COLLECTOR_PID:-0}"; true' EXIT
+  trap 'set +e; pkill -P "${COLLECTOR_PID:-0}"; true' EXIT
   start_collector "$base"
   say "writing a day ($ticks ticks of $interval s) of $nodes nodes through the collector"
   "$LOADGEN" --collector "http://127.0.0.1:$COLLECTOR_PORT" --agents "$nodes" --gpus 8 \

@@ -33,7 +33,7 @@ fi
 command -v curl >/dev/null || die "curl is missing (Debian: apt-get install curl)"
 dir=$(mktemp -d)
 # The programs run under /usr/bin/time: stop its children.
-trap 'pkill -P "${NE_PID:-0}"; pkill -P "${COLLECTOR_PID:-0}"; rm -rf "$dir"; true' EXIT
+trap 'set +e; pkill -P "${NE_PID:-0}"; pkill -P "${COLLECTOR_PID:-0}"; rm -rf "$dir"; true' EXIT
 
 say "node_exporter $("$ne" --version 2>&1 | head -1 | awk '{print $3}'), scraped at 1 Hz for $duration s"
 port=$(free_port)

@@ -671,10 +671,35 @@ mod tests {
             .flat_map(|b| b.batch.gpu.iter().filter_map(|g| g.temperature_c))
             .collect();
         assert!(temps.iter().all(|t| (25..=90).contains(t)), "{temps:?}");
-        let values = dataset_metric_values(&batches);
+        let tables = buffer_and_take(&batches);
+        let values_of = |want: &[Table]| -> u64 {
+            tables
+                .iter()
+                .filter(|(t, _, _)| want.contains(t))
+                .map(|(t, _, rb)| metric_values(*t, rb))
+                .sum()
+        };
         // The simulation fills 11 GPU metrics plus the XID and job counts, all 11 node
         // metrics and 9 of the 21 IB metrics (not the error or driver counters).
-        assert_eq!(values, 2400 * (8 * 13 + 11 + 4 * 9));
+        assert_eq!(
+            values_of(&[Table::Gpu, Table::Node, Table::Ib]),
+            2400 * (8 * 13 + 11 + 4 * 9)
+        );
+        // Busy nodes' GPUs carry job ids, from which the collector derives `job` rows.
+        let with_job = batches
+            .iter()
+            .flat_map(|b| &b.batch.gpu)
+            .filter(|g| g.job_id.is_some() && g.job_count == 1)
+            .count();
+        assert!(
+            with_job > 0 && with_job < 2400 * 8,
+            "{with_job} GPU rows with a job"
+        );
+        assert!(values_of(&[Table::Job]) > 0);
+        assert_eq!(
+            dataset_metric_values(&batches),
+            values_of(&[Table::Gpu, Table::Node, Table::Ib, Table::Job])
+        );
     }
 
     #[test]
