@@ -2,8 +2,8 @@
 //! realistic data. Prints, per table, the Parquet bytes per metric value of
 //! one hour of 16 simulated nodes (8 GPUs, 4 IB ports each) at 1 Hz:
 //!
-//! - `hourly`: the whole hour in one file per table, as hourly compaction
-//!   would leave it;
+//! - `hourly`: the whole hour in one file per table, written with the
+//!   settings `gputel-collector compact` uses (equal row groups);
 //! - `per flush`: one file per table every 60 s (the default flush
 //!   interval), as the collector writes them before compaction.
 //!
@@ -12,19 +12,27 @@
 //! port): 11 per `gpu` row, 11 per `node` row, 9 per `ib` row. The bytes are
 //! whole files (keys, bloom filters, page indexes and footers included);
 //! "metric cols" counts only the compressed column chunks of metric columns.
+//! Then the bytes per column type (timestamp, integer, float, boolean,
+//! dictionary string) and per column, and the hourly total under other
+//! writer settings (zstd levels, per-type encodings), to show what each
+//! setting of `collector/src/persist.rs` buys.
 //!
 //! Under `cargo test --benches` it runs on 2 nodes for 2 minutes instead.
 
 use std::collections::BTreeMap;
 
 use arrow_array::RecordBatch;
+use arrow_schema::{DataType, Schema};
 use bytes::Bytes;
 use gputel_benches::{
     AgentBatch, bench_mode, buffer_and_take, metric_columns, metric_values, simulate,
 };
-use gputel_collector::persist::{encode, sort_rows};
+use gputel_collector::persist::{compacted_properties, encode_with, sort_rows, writer_properties};
 use gputel_schemas::Table;
+use parquet::basic::{Compression, Encoding, ZstdLevel};
+use parquet::file::properties::{WriterProperties, WriterPropertiesBuilder};
 use parquet::file::reader::{FileReader, SerializedFileReader};
+use parquet::schema::types::ColumnPath;
 
 /// The default flush interval, in ticks of 1 s.
 const FLUSH_TICKS: usize = 60;
@@ -41,15 +49,150 @@ struct Size {
     bloom_bytes: u64,
     /// Compressed bytes per column name.
     columns: BTreeMap<String, u64>,
+    /// Non-null values per column name.
+    col_values: BTreeMap<String, u64>,
+}
+
+/// Which writer settings a file is written with.
+#[derive(Debug, Clone, Copy)]
+enum Settings {
+    /// The collector's flushes: `persist::writer_properties`.
+    Flush,
+    /// `gputel-collector compact`: `persist::compacted_properties`.
+    Compacted,
+    /// The compacted settings, changed by a variant.
+    Variant(Variant),
+}
+
+impl Settings {
+    fn properties(self, table: Table, rows: usize) -> WriterProperties {
+        match self {
+            Settings::Flush => writer_properties(table),
+            Settings::Compacted => compacted_properties(table, rows),
+            Settings::Variant(v) => (v.change)(
+                compacted_properties(table, rows).into_builder(),
+                &table.schema(),
+            )
+            .build(),
+        }
+    }
+}
+
+/// Other writer settings, tried on the hourly files.
+#[derive(Debug, Clone, Copy)]
+struct Variant {
+    name: &'static str,
+    change: fn(WriterPropertiesBuilder, &Schema) -> WriterPropertiesBuilder,
+}
+
+fn zstd(b: WriterPropertiesBuilder, level: i32) -> WriterPropertiesBuilder {
+    b.set_compression(Compression::ZSTD(
+        ZstdLevel::try_new(level).expect("valid zstd level"),
+    ))
+}
+
+/// Changes every column of `schema` whose type `pick` accepts.
+fn per_column(
+    mut b: WriterPropertiesBuilder,
+    schema: &Schema,
+    pick: fn(&DataType) -> bool,
+    change: fn(WriterPropertiesBuilder, ColumnPath) -> WriterPropertiesBuilder,
+) -> WriterPropertiesBuilder {
+    for f in schema.fields() {
+        if pick(f.data_type()) {
+            b = change(b, ColumnPath::from(f.name().as_str()));
+        }
+    }
+    b
+}
+
+fn is_int(t: &DataType) -> bool {
+    matches!(t, DataType::Int32 | DataType::Int64)
+}
+
+fn is_float(t: &DataType) -> bool {
+    matches!(t, DataType::Float32 | DataType::Float64)
+}
+
+const VARIANTS: &[Variant] = &[
+    Variant {
+        name: "zstd level 1",
+        change: |b, _| zstd(b, 1),
+    },
+    Variant {
+        name: "zstd level 9",
+        change: |b, _| zstd(b, 9),
+    },
+    Variant {
+        name: "zstd level 19",
+        change: |b, _| zstd(b, 19),
+    },
+    Variant {
+        name: "floats PLAIN instead of BYTE_STREAM_SPLIT",
+        change: |b, s| {
+            per_column(b, s, is_float, |b, c| {
+                b.set_column_encoding(c, Encoding::PLAIN)
+            })
+        },
+    },
+    Variant {
+        name: "integers PLAIN instead of DELTA_BINARY_PACKED",
+        change: |b, s| {
+            per_column(b, s, is_int, |b, c| {
+                b.set_column_encoding(c, Encoding::PLAIN)
+            })
+        },
+    },
+    Variant {
+        name: "integers BYTE_STREAM_SPLIT",
+        change: |b, s| {
+            per_column(b, s, is_int, |b, c| {
+                b.set_column_encoding(c, Encoding::BYTE_STREAM_SPLIT)
+            })
+        },
+    },
+    Variant {
+        name: "integers dictionary (fallback DELTA_BINARY_PACKED)",
+        change: |b, s| {
+            per_column(b, s, is_int, |b, c| {
+                b.set_column_dictionary_enabled(c, true)
+            })
+        },
+    },
+    Variant {
+        name: "floats dictionary (fallback BYTE_STREAM_SPLIT)",
+        change: |b, s| {
+            per_column(b, s, is_float, |b, c| {
+                b.set_column_dictionary_enabled(c, true)
+            })
+        },
+    },
+];
+
+/// The column types the bytes are grouped by.
+fn type_class(t: &DataType) -> &'static str {
+    match t {
+        DataType::Timestamp(_, _) => "timestamp",
+        DataType::Int32 | DataType::Int64 => "integer",
+        DataType::Float32 | DataType::Float64 => "float",
+        DataType::Boolean => "boolean",
+        DataType::Dictionary(_, _) => "dictionary string",
+        _ => "other",
+    }
 }
 
 impl Size {
-    fn add(&mut self, table: Table, batch: &RecordBatch) {
+    fn add(&mut self, table: Table, batch: &RecordBatch, settings: Settings) {
         let sorted = sort_rows(table, batch).expect("sort key columns exist");
-        let bytes = encode(table, table.schema(), &sorted).expect("encode Parquet");
+        let props = settings.properties(table, sorted.num_rows());
+        let bytes = encode_with(table.schema(), props, &sorted).expect("encode Parquet");
         self.files += 1;
         self.rows += batch.num_rows();
         self.values += metric_values(table, batch);
+        for (f, col) in batch.schema().fields().iter().zip(batch.columns()) {
+            *self.col_values.entry(f.name().clone()).or_default() +=
+                (col.len() - col.null_count()) as u64;
+        }
         self.file_bytes += bytes.len() as u64;
         let schema = table.schema();
         let metric: Vec<&str> = metric_columns(table)
@@ -83,14 +226,72 @@ impl Size {
     }
 }
 
-fn sizes(chunks: &[&[AgentBatch]]) -> BTreeMap<Table, Size> {
+fn sizes(chunks: &[&[AgentBatch]], settings: Settings) -> BTreeMap<Table, Size> {
     let mut out: BTreeMap<Table, Size> = BTreeMap::new();
     for chunk in chunks {
         for (table, _, batch) in buffer_and_take(chunk) {
-            out.entry(table).or_default().add(table, &batch);
+            out.entry(table).or_default().add(table, &batch, settings);
         }
     }
     out
+}
+
+fn total(sizes: &BTreeMap<Table, Size>) -> (u64, u64) {
+    sizes
+        .values()
+        .fold((0, 0), |(b, v), s| (b + s.file_bytes, v + s.values))
+}
+
+/// Bytes per column type: per metric value for metric columns (over the
+/// values of that type), and the share of the file each type takes.
+fn print_types(title: &str, sizes: &BTreeMap<Table, Size>) {
+    println!("\n{title}: compressed bytes per column type");
+    println!(
+        "{:<6} {:<22} {:>7} {:>11} {:>11} {:>13} {:>8}",
+        "table", "columns", "count", "bytes", "values", "bytes/value", "of file"
+    );
+    for (table, s) in sizes {
+        let schema = table.schema();
+        let metric = metric_columns(*table);
+        // "metric TYPE" or "other TYPE" -> (columns, bytes, metric values)
+        let mut by_type: BTreeMap<String, (usize, u64, u64)> = BTreeMap::new();
+        for (i, f) in schema.fields().iter().enumerate() {
+            let Some(&bytes) = s.columns.get(f.name()) else {
+                continue;
+            };
+            let is_metric = metric.contains(&i);
+            let kind = if is_metric { "metric" } else { "other" };
+            let e = by_type
+                .entry(format!("{kind} {}", type_class(f.data_type())))
+                .or_default();
+            e.0 += 1;
+            e.1 += bytes;
+            if is_metric {
+                e.2 += s.col_values.get(f.name()).copied().unwrap_or(0);
+            }
+        }
+        for (class, (cols, bytes, values)) in by_type {
+            let per_value = if values > 0 {
+                format!("{:.3}", bytes as f64 / values as f64)
+            } else {
+                "-".to_owned()
+            };
+            println!(
+                "{:<6} {:<22} {:>7} {:>11} {:>11} {:>13} {:>7.1}%",
+                table.name(),
+                class,
+                cols,
+                bytes,
+                values,
+                per_value,
+                100.0 * bytes as f64 / s.file_bytes.max(1) as f64
+            );
+        }
+    }
+    println!(
+        "(metric: the metric columns of that type, bytes per metric value in them; other: key \
+         and non-metric columns, e.g. ts, node, gpu, job_id, the port state)"
+    );
 }
 
 fn print_table(title: &str, sizes: &BTreeMap<Table, Size>) {
@@ -221,15 +422,35 @@ fn main() {
         "stored size: {nodes} simulated nodes × {seconds} s at 1 Hz, 8 GPUs and 4 IB ports per node"
     );
     print_summary(&batches);
-    let hourly = sizes(&[&batches]);
-    print_table("hourly: one file per table", &hourly);
+    let hourly = sizes(&[&batches], Settings::Compacted);
+    print_table("hourly: one file per table, as compacted", &hourly);
+    print_types("hourly", &hourly);
     print_columns(&hourly);
     let flushes: Vec<&[AgentBatch]> = batches.chunks(nodes * FLUSH_TICKS).collect();
-    print_table(
-        &format!(
-            "per flush: one file per table every {FLUSH_TICKS} s ({} flushes)",
-            flushes.len()
-        ),
-        &sizes(&flushes),
+    let flushed = sizes(&flushes, Settings::Flush);
+    let title = format!(
+        "per flush: one file per table every {FLUSH_TICKS} s ({} flushes)",
+        flushes.len()
     );
+    print_table(&title, &flushed);
+    print_types("per flush", &flushed);
+
+    println!("\nhourly files under other writer settings (all tables)");
+    let (base_bytes, values) = total(&hourly);
+    println!("{:<52} {:>11} {:>11}", "settings", "bytes", "bytes/value");
+    println!(
+        "{:<52} {:>11} {:>11.3}",
+        "the collector's (compacted)",
+        base_bytes,
+        base_bytes as f64 / values.max(1) as f64
+    );
+    for v in VARIANTS {
+        let (bytes, values) = total(&sizes(&[&batches], Settings::Variant(*v)));
+        println!(
+            "{:<52} {:>11} {:>11.3}",
+            v.name,
+            bytes,
+            bytes as f64 / values.max(1) as f64
+        );
+    }
 }

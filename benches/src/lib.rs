@@ -206,8 +206,8 @@ impl Cluster {
 /// One simulated node of a training cluster, stepped one tick at a time.
 ///
 /// The node runs jobs (30–120 min) separated by idle gaps (2–10 min); about
-/// one node in five starts idle. A training job has an iteration period of
-/// 5–12 s that GPU power, memory traffic and IB traffic follow, and a
+/// one node in five starts idle; a job's id is on all its GPUs' rows. A
+/// training job has an iteration period of 5–12 s that GPU power, memory traffic and IB traffic follow, and a
 /// checkpoint every 15–30 min (40 s of low GPU load and disk I/O). Sensors
 /// behave as NVML and the kernel report them: temperatures follow power with
 /// a 20 s lag in whole °C, power in mW with noise, energy and IB counters
@@ -227,6 +227,12 @@ pub struct SimNode {
     elapsed_us: i64,
     t: u32,
     busy: bool,
+    /// The node's number in its cluster, part of its job ids.
+    index: usize,
+    /// Jobs this node has started.
+    jobs_started: u32,
+    /// The running job's id, as Slurm's: a number, unique in the cluster.
+    job_id: Option<String>,
     /// Time left in the current job or idle gap.
     left_us: i64,
     iter_period_s: f64,
@@ -334,6 +340,9 @@ impl SimNode {
             elapsed_us: 0,
             t: 0,
             busy,
+            index,
+            jobs_started: 0,
+            job_id: None,
             left_us: i64::from(left_s) * SECOND_US,
             iter_period_s: 0.0,
             ckpt_every_s: 0,
@@ -350,6 +359,10 @@ impl SimNode {
 
     /// Draws the parameters of the job (or idle gap) that starts now.
     fn start_phase(&mut self) {
+        self.job_id = self.busy.then(|| {
+            self.jobs_started += 1;
+            (1_000_000 + self.index as u64 * 1000 + u64::from(self.jobs_started)).to_string()
+        });
         let rng = &mut self.rng;
         self.iter_period_s = rng.range(5.0, 12.0);
         self.ckpt_every_s = rng.range(900.0, 1800.0) as u32;
@@ -407,10 +420,15 @@ impl SimNode {
         // Where in the training iteration this tick falls.
         let theta = TAU * (self.elapsed_us as f64 / SECOND_US as f64) / self.iter_period_s;
 
+        let job_id = &self.job_id;
         let gpu = self
             .gpus
             .iter_mut()
-            .map(|g| g.tick(ts_us, dt, phase, theta, &mut self.rng))
+            .map(|g| GpuSample {
+                job_id: job_id.clone(),
+                job_count: u32::from(job_id.is_some()),
+                ..g.tick(ts_us, dt, phase, theta, &mut self.rng)
+            })
             .collect();
         let node = self.node_sample(ts_us, dt, before_s, phase);
         let ib = self
@@ -653,10 +671,35 @@ mod tests {
             .flat_map(|b| b.batch.gpu.iter().filter_map(|g| g.temperature_c))
             .collect();
         assert!(temps.iter().all(|t| (25..=90).contains(t)), "{temps:?}");
-        let values = dataset_metric_values(&batches);
+        let tables = buffer_and_take(&batches);
+        let values_of = |want: &[Table]| -> u64 {
+            tables
+                .iter()
+                .filter(|(t, _, _)| want.contains(t))
+                .map(|(t, _, rb)| metric_values(*t, rb))
+                .sum()
+        };
         // The simulation fills 11 GPU metrics plus the XID and job counts, all 11 node
         // metrics and 9 of the 21 IB metrics (not the error or driver counters).
-        assert_eq!(values, 2400 * (8 * 13 + 11 + 4 * 9));
+        assert_eq!(
+            values_of(&[Table::Gpu, Table::Node, Table::Ib]),
+            2400 * (8 * 13 + 11 + 4 * 9)
+        );
+        // Busy nodes' GPUs carry job ids, from which the collector derives `job` rows.
+        let with_job = batches
+            .iter()
+            .flat_map(|b| &b.batch.gpu)
+            .filter(|g| g.job_id.is_some() && g.job_count == 1)
+            .count();
+        assert!(
+            with_job > 0 && with_job < 2400 * 8,
+            "{with_job} GPU rows with a job"
+        );
+        assert!(values_of(&[Table::Job]) > 0);
+        assert_eq!(
+            dataset_metric_values(&batches),
+            values_of(&[Table::Gpu, Table::Node, Table::Ib, Table::Job])
+        );
     }
 
     #[test]

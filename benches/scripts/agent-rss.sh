@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The agent's CPU per tick and its peak resident memory over an hour's worth
+# of ticks: the release agent on the fake NVML (8 H100s) and the fixture
+# /proc and /sys trees (4 IB ports), ticking every 10 ms instead of every
+# second, streaming to a release collector on loopback.
+#
+#   benches/scripts/agent-rss.sh [TICKS]     # default 3600: an hour at 1 Hz
+#
+# CPU per tick is the agent's user + system CPU seconds over TICKS: it
+# includes start-up, NVML's (fake) calls, the gRPC client and TLS-less HTTP/2
+# framing, so it is an upper bound on criterion's `agent_tick` figure.
+cd "$(dirname "$0")/../.."
+source benches/scripts/common.sh
+
+ticks=${1:-3600}
+build_release
+dir=$(mktemp -d)
+trap 'set +e; pkill -P "${COLLECTOR_PID:-0}"; rm -rf "$dir"; true' EXIT
+start_collector "$dir"
+
+say "agent: $ticks ticks at 10 ms on the fixtures and 8 fake GPUs"
+/usr/bin/time -v -o "$dir/agent.time" "$AGENT" --nvml-lib "$FAKE_NVML" \
+  --procfs-root "$FIXTURES/proc" --sysfs-root "$FIXTURES/sys" --node bench-node \
+  --plaintext --collector "http://127.0.0.1:$COLLECTOR_PORT" --interval 10ms \
+  --ticks "$ticks" --log warn >"$dir/agent.out" 2>"$dir/agent.log" \
+  || die "the agent failed: $(tail -5 "$dir/agent.log")"
+stop_collector
+
+cpu=$(tv_cpu "$dir/agent.time")
+machine
+printf 'agent: %s ticks, %s CPU seconds (%s µs per tick), peak RSS %s MB, wall %s\n' \
+  "$ticks" "$cpu" "$(awk -v c="$cpu" -v t="$ticks" 'BEGIN { printf "%.0f", c / t * 1e6 }')" \
+  "$(tv_rss_mb "$dir/agent.time")" "$(tv "$dir/agent.time" "Elapsed (wall clock)")"

@@ -1,0 +1,90 @@
+# Shared by the scripts in benches/scripts: builds the release programs, finds
+# free ports, waits for them, and reads `/usr/bin/time -v` reports.
+# Sourced from the repository root (each script cd's there first).
+
+set -euo pipefail
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+REL="$(pwd)/target/release"
+COLLECTOR="$REL/gputel-collector"
+AGENT="$REL/gputel-agent"
+LOADGEN="$REL/gputel-loadgen"
+FAKE_NVML="$REL/libgputel_fake_nvml.so"
+FIXTURES="$(pwd)/tests/fixtures"
+
+# The release collector, agent, load generator and fake NVML. Set
+# GPUTEL_BENCH_NO_BUILD=1 to use what target/release already holds.
+build_release() {
+  if [[ ${GPUTEL_BENCH_NO_BUILD:-} != 1 ]]; then
+    say "building the release programs (cargo build --release)"
+    cargo build --release --quiet -p gputel-collector -p gputel-agent -p gputel-benches \
+      -p gputel-fake-nvml
+  fi
+  for f in "$COLLECTOR" "$AGENT" "$LOADGEN" "$FAKE_NVML"; do
+    [[ -e $f ]] || die "$f is missing: run without GPUTEL_BENCH_NO_BUILD=1 to build it"
+  done
+  [[ -x /usr/bin/time ]] || die "/usr/bin/time is missing (Debian: apt-get install time)"
+}
+
+# A TCP port nothing listens on now.
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# Waits (up to 60 s) until something accepts connections on 127.0.0.1:$1.
+wait_port() {
+  local i
+  for ((i = 0; i < 600; i++)); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
+    sleep 0.1
+  done
+  die "nothing listens on 127.0.0.1:$1 after 60 s"
+}
+
+# A field of a `/usr/bin/time -v` report, e.g. tv FILE "Maximum resident set size".
+tv() {
+  grep -F "$2" "$1" | head -1 | awk -F': ' '{print $2}'
+}
+
+# User plus system CPU seconds of a `/usr/bin/time -v` report.
+tv_cpu() {
+  awk -v u="$(tv "$1" "User time (seconds)")" -v s="$(tv "$1" "System time (seconds)")" \
+    'BEGIN { printf "%.2f", u + s }' 
+}
+
+# Peak RSS of a `/usr/bin/time -v` report, in MB (10^6 bytes).
+tv_rss_mb() {
+  awk -v k="$(tv "$1" "Maximum resident set size")" 'BEGIN { printf "%.1f", k * 1024 / 1e6 }' 
+}
+
+# The machine, for the results: CPU model, CPUs, kernel, load average.
+machine() {
+  printf 'machine: %s, %s CPUs, Linux %s; load average now: %s\n' \
+    "$(lscpu | sed -n 's/^Model name: *//p' | head -1)" "$(nproc)" "$(uname -r)" \
+    "$(cut -d' ' -f1-3 /proc/loadavg)"
+}
+
+# Starts a collector on a free port with store and WAL under $1, extra flags
+# after it; sets COLLECTOR_PID, COLLECTOR_PORT and COLLECTOR_TIME (its
+# `/usr/bin/time -v` report, written when it exits).
+start_collector() {
+  local dir=$1
+  shift
+  COLLECTOR_PORT=$(free_port)
+  COLLECTOR_TIME="$dir/collector.time"
+  mkdir -p "$dir"
+  /usr/bin/time -v -o "$COLLECTOR_TIME" "$COLLECTOR" --listen "127.0.0.1:$COLLECTOR_PORT" \
+    --store "$dir/store" --wal-dir "$dir/wal" --plaintext --log warn "$@" \
+    2>"$dir/collector.log" &
+  COLLECTOR_PID=$!
+  wait_port "$COLLECTOR_PORT"
+}
+
+# Stops the collector with SIGTERM (it writes what it buffered) and waits.
+stop_collector() {
+  # /usr/bin/time passes nothing on: signal its child, the collector.
+  pkill -TERM -P "$COLLECTOR_PID" 2>/dev/null || true
+  wait "$COLLECTOR_PID" || die "the collector failed: $(tail -5 "$(dirname "$COLLECTOR_TIME")/collector.log")"
+}

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Collector ingest end to end: `gputel-loadgen` against a release collector on
+# loopback (gRPC decode, validation, WAL, Arrow, Parquet), at 10, 100 and 1000
+# simulated agents of 8 GPUs and 4 IB ports, the same number of batches each
+# time. The collector runs under `/usr/bin/time -v`; "per core" is metric
+# values over the collector's own CPU seconds (user + system, its final
+# flush included), since the load generator shares the machine.
+#
+#   benches/scripts/ingest.sh [BATCHES] [AGENTS...]   # default 60000, 10 100 1000
+cd "$(dirname "$0")/../.."
+source benches/scripts/common.sh
+
+batches=${1:-60000}
+shift || true
+counts=("$@")
+[[ ${#counts[@]} -gt 0 ]] || counts=(10 100 1000)
+build_release
+dir=$(mktemp -d)
+trap 'set +e; pkill -P "${COLLECTOR_PID:-0}"; rm -rf "$dir"; true' EXIT
+
+machine
+printf '%-7s %7s %11s %9s %13s %11s %15s %10s %11s\n' agents ticks values wall_s \
+  "values/s wall" collector_s "values/s/core" "peak RSS" loadgen_cpu
+for agents in "${counts[@]}"; do
+  ticks=$((batches / agents))
+  run="$dir/$agents"
+  start_collector "$run"
+  /usr/bin/time -v -o "$run/loadgen.time" "$LOADGEN" \
+    --collector "http://127.0.0.1:$COLLECTOR_PORT" --agents "$agents" --gpus 8 \
+    --ticks "$ticks" >"$run/loadgen.out" 2>"$run/loadgen.log" \
+    || die "gputel-loadgen failed: $(tail -5 "$run/loadgen.log")"
+  stop_collector
+  line=$(cat "$run/loadgen.out")
+  values=$(sed -n 's/.* values=\([0-9]*\).*/\1/p' <<<"$line")
+  elapsed=$(sed -n 's/.* elapsed_s=\([0-9.]*\).*/\1/p' <<<"$line")
+  cpu=$(tv_cpu "$run/collector.time")
+  printf '%-7s %7s %11s %9s %13s %11s %15s %7s MB %11s\n' "$agents" "$ticks" "$values" \
+    "$elapsed" "$(awk -v v="$values" -v e="$elapsed" 'BEGIN { printf "%.2fM", v / e / 1e6 }')" \
+    "$cpu" "$(awk -v v="$values" -v c="$cpu" 'BEGIN { printf "%.2fM", v / c / 1e6 }')" \
+    "$(tv_rss_mb "$run/collector.time")" "$(tv_cpu "$run/loadgen.time")"
+  rm -rf "$run"
+done
