@@ -14,8 +14,9 @@
 //! - `take`: `WriteBuffer::take`, builders to record batches;
 //! - `sort_encode`: `persist::sort_rows` and `persist::encode` of every table;
 //! - `end_to_end`: all of the above in sequence, from encoded messages to
-//!   Parquet bytes. It leaves out HTTP/2 and gRPC framing, the WAL (not
-//!   written yet) and the store's write of the file.
+//!   Parquet bytes. It leaves out HTTP/2 and gRPC framing, the WAL and the
+//!   store's write of the file (`benches/scripts/ingest.sh` measures those
+//!   end to end).
 //!
 //! `persist_hour/*` sorts and encodes one hour of those 16 nodes per table:
 //! the files hourly compaction would write.
