@@ -244,19 +244,54 @@ pub fn start_collector(store: &Path, extra_args: &[&str]) -> (Running, String) {
 
 /// The DuckDB CLI: `$GPUTEL_DUCKDB`, else `duckdb` on PATH.
 pub fn duckdb_bin() -> PathBuf {
-    let path = std::env::var_os("GPUTEL_DUCKDB")
+    installed_tool(
+        "GPUTEL_DUCKDB",
+        "duckdb",
+        "-version",
+        "the DuckDB CLI",
+        "pip install duckdb-cli",
+    )
+}
+
+/// A test tool that must be there: `$var`, else `command` on PATH; fails
+/// the test, naming where `scripts/test` gets it (`source`), when running
+/// it with `version_arg` does not succeed.
+pub fn installed_tool(
+    var: &str,
+    command: &str,
+    version_arg: &str,
+    what: &str,
+    source: &str,
+) -> PathBuf {
+    let path = std::env::var_os(var)
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("duckdb"));
+        .unwrap_or_else(|| PathBuf::from(command));
     let found = Command::new(&path)
-        .arg("-version")
+        .arg(version_arg)
         .output()
         .is_ok_and(|o| o.status.success());
     assert!(
         found,
-        "the DuckDB CLI ({}) is not installed: scripts/test installs it (pip install duckdb-cli)",
+        "{what} ({}) is not installed: scripts/test installs it ({source})",
         path.display()
     );
     path
+}
+
+/// A path the test command provides in `$var` (a tool it installed, files it
+/// built): under `CI=true` a missing one fails the test; otherwise the test
+/// is skipped, saying so and how `scripts/test` provides it (`provided`).
+pub fn provided_path(var: &str, provided: &str) -> Option<PathBuf> {
+    match std::env::var_os(var) {
+        Some(path) => Some(PathBuf::from(path)),
+        None if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!("{var} is not set: {provided}")
+        }
+        None => {
+            eprintln!("skipped: {var} is not set ({provided})");
+            None
+        }
+    }
 }
 
 /// Runs `sql` in DuckDB with `dir` as the working directory and returns the
@@ -298,19 +333,13 @@ pub fn table_scan(store: &Path, table: &str) -> String {
 
 /// Prometheus' `promtool`: `$GPUTEL_PROMTOOL`, else `promtool` on PATH.
 pub fn promtool_bin() -> PathBuf {
-    let path = std::env::var_os("GPUTEL_PROMTOOL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("promtool"));
-    let found = Command::new(&path)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    assert!(
-        found,
-        "promtool ({}) is not installed: scripts/test installs it (Debian package prometheus)",
-        path.display()
-    );
-    path
+    installed_tool(
+        "GPUTEL_PROMTOOL",
+        "promtool",
+        "--version",
+        "promtool",
+        "Debian package prometheus",
+    )
 }
 
 /// Runs `promtool check metrics` on an exposition `text`; returns its lint
@@ -394,6 +423,29 @@ pub fn collector_on(port: u16, store: &Path, flush_interval: &str) -> Running {
     collector
 }
 
+/// Runs `gputel-loadgen` against the collector at `addr`, giving up after
+/// `timeout`; asserts that it succeeded and returns its summary line.
+pub fn run_loadgen(addr: &str, timeout: &str, args: &[&str]) -> String {
+    let out = Command::new(loadgen_bin())
+        .args([
+            "--collector",
+            &format!("http://{addr}"),
+            "--timeout",
+            timeout,
+        ])
+        .args(args)
+        .output()
+        .expect("run gputel-loadgen");
+    let stdout = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert!(
+        out.status.success(),
+        "gputel-loadgen {args:?} failed ({}): {stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 /// A port on 127.0.0.1 that nothing listens on (free when this returns).
 pub fn unused_port() -> u16 {
     let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -439,19 +491,10 @@ pub fn run_scenario_pipeline(
 /// it). Under `CI=true` a missing one fails the test; otherwise the test is
 /// skipped with a printed reason (None).
 pub fn alertmanager_bin() -> Option<PathBuf> {
-    match std::env::var_os("GPUTEL_ALERTMANAGER") {
-        Some(path) => Some(PathBuf::from(path)),
-        None if std::env::var("CI").is_ok_and(|v| v == "true") => panic!(
-            "GPUTEL_ALERTMANAGER is not set: run the tests through scripts/test, which installs \
-             Alertmanager (Debian package prometheus-alertmanager)"
-        ),
-        None => {
-            eprintln!(
-                "skipped: GPUTEL_ALERTMANAGER is not set (scripts/test installs Alertmanager and sets it)"
-            );
-            None
-        }
-    }
+    provided_path(
+        "GPUTEL_ALERTMANAGER",
+        "scripts/test installs Alertmanager (Debian package prometheus-alertmanager) and sets it",
+    )
 }
 
 /// A real Alertmanager on a free loopback port, clustering off, routing

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use gputel_tests::{collector_bin, duckdb, duckdb_bin, duckdb_value, loadgen_bin, start_collector};
+use gputel_tests::{collector_bin, duckdb, duckdb_bin, duckdb_value, run_loadgen, start_collector};
 use serde_json::json;
 
 const AGENTS: u64 = 4;
@@ -17,23 +17,24 @@ const GPUS: u64 = 8;
 const TICKS: u64 = 900;
 
 fn loadgen(addr: &str, prefix: &str, start: &str) {
-    let out = Command::new(loadgen_bin())
-        .args([
-            "--collector",
-            &format!("http://{addr}"),
-            "--timeout",
-            "120s",
-        ])
-        .args(["--agents", &AGENTS.to_string(), "--gpus", &GPUS.to_string()])
-        .args(["--ticks", &TICKS.to_string(), "--interval-ms", "1000"])
-        .args(["--start-ts", start, "--node-prefix", prefix])
-        .output()
-        .expect("run gputel-loadgen");
-    assert!(
-        out.status.success(),
-        "gputel-loadgen failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let (agents, gpus, ticks) = (AGENTS.to_string(), GPUS.to_string(), TICKS.to_string());
+    run_loadgen(
+        addr,
+        "120s",
+        &[
+            "--agents",
+            &agents,
+            "--gpus",
+            &gpus,
+            "--ticks",
+            &ticks,
+            "--interval-ms",
+            "1000",
+            "--start-ts",
+            start,
+            "--node-prefix",
+            prefix,
+        ],
     );
 }
 

@@ -3,26 +3,14 @@
 //! every row exactly once.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
-use gputel_tests::{duckdb, duckdb_value, loadgen_bin, start_collector, table_scan};
+use gputel_tests::{duckdb, duckdb_value, run_loadgen, start_collector, table_scan};
 use serde_json::json;
 
 /// Runs the load generator against `addr` and returns its summary line.
 fn loadgen(addr: &str, args: &[&str]) -> String {
-    let out = Command::new(loadgen_bin())
-        .args(["--collector", &format!("http://{addr}"), "--timeout", "60s"])
-        .args(args)
-        .output()
-        .expect("run gputel-loadgen");
-    let stdout = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-    assert!(
-        out.status.success(),
-        "gputel-loadgen {args:?} failed ({}): {stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = run_loadgen(addr, "60s", args);
     assert_eq!(stdout.lines().count(), 1, "one summary line: {stdout}");
     stdout
 }

@@ -7,24 +7,15 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use gputel_tests::workspace_root;
+use gputel_tests::{provided_path, workspace_root};
 
 /// `$GPUTEL_DEB_DIR`, or `None` (with the reason printed) outside CI.
 fn deb_dir() -> Option<PathBuf> {
-    match std::env::var_os("GPUTEL_DEB_DIR") {
-        Some(dir) => Some(PathBuf::from(dir)),
-        None if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!(
-                "GPUTEL_DEB_DIR is not set: scripts/test builds the packages with scripts/package and sets it"
-            )
-        }
-        None => {
-            eprintln!(
-                "GPUTEL_DEB_DIR is not set, so the packages are not checked: run scripts/package, then GPUTEL_DEB_DIR=target/debian cargo test"
-            );
-            None
-        }
-    }
+    provided_path(
+        "GPUTEL_DEB_DIR",
+        "scripts/test builds the packages with scripts/package and sets it; by hand: \
+         scripts/package, then GPUTEL_DEB_DIR=target/debian cargo test",
+    )
 }
 
 /// The one `<package>_*.deb` in `dir`.

@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use gputel_tests::{
-    Running, collector_bin, duckdb_value, loadgen_bin, unused_port, workspace_root,
+    Running, collector_bin, duckdb_value, provided_path, run_loadgen, unused_port, workspace_root,
 };
 use serde_json::json;
 
@@ -20,16 +20,10 @@ const PREFIX: &str = "cluster-a/telemetry";
 
 /// The S3 server command: `$GPUTEL_S3_SERVER`; under CI a missing one fails.
 fn s3_server_bin() -> Option<PathBuf> {
-    match std::env::var_os("GPUTEL_S3_SERVER") {
-        Some(path) => Some(PathBuf::from(path)),
-        None if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("GPUTEL_S3_SERVER is not set: scripts/test installs moto[server] and sets it")
-        }
-        None => {
-            eprintln!("skipped: GPUTEL_S3_SERVER is not set (scripts/test installs moto[server])");
-            None
-        }
-    }
+    provided_path(
+        "GPUTEL_S3_SERVER",
+        "scripts/test installs moto[server] and sets it",
+    )
 }
 
 /// A running S3 server on 127.0.0.1.
@@ -180,22 +174,20 @@ fn s3_collector(endpoint: &str, prefix: &str, wal: &Path, extra: &[&str]) -> (Ru
 }
 
 fn loadgen(addr: &str, prefix: &str, agents: u32, ticks: u64) {
-    let out = Command::new(loadgen_bin())
-        .args([
-            "--collector",
-            &format!("http://{addr}"),
-            "--timeout",
-            "120s",
-        ])
-        .args(["--agents", &agents.to_string(), "--gpus", "8"])
-        .args(["--ticks", &ticks.to_string(), "--node-prefix", prefix])
-        .output()
-        .expect("run gputel-loadgen");
-    assert!(
-        out.status.success(),
-        "gputel-loadgen failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let (agents, ticks) = (agents.to_string(), ticks.to_string());
+    run_loadgen(
+        addr,
+        "120s",
+        &[
+            "--agents",
+            &agents,
+            "--gpus",
+            "8",
+            "--ticks",
+            &ticks,
+            "--node-prefix",
+            prefix,
+        ],
     );
 }
 

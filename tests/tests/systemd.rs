@@ -7,23 +7,17 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use gputel_tests::{agent_bin, collector_bin, workspace_root};
+use gputel_tests::{agent_bin, collector_bin, installed_tool, workspace_root};
 
 /// `systemd-analyze`: `$GPUTEL_SYSTEMD_ANALYZE`, else the one on PATH.
 fn systemd_analyze() -> PathBuf {
-    let path = std::env::var_os("GPUTEL_SYSTEMD_ANALYZE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("systemd-analyze"));
-    let found = Command::new(&path)
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    assert!(
-        found,
-        "systemd-analyze ({}) is not installed: scripts/test installs it (Debian package systemd)",
-        path.display()
-    );
-    path
+    installed_tool(
+        "GPUTEL_SYSTEMD_ANALYZE",
+        "systemd-analyze",
+        "--version",
+        "systemd-analyze",
+        "Debian package systemd",
+    )
 }
 
 /// The unit files, as `(name, text)`.
