@@ -423,6 +423,15 @@ pub fn collector_on(port: u16, store: &Path, flush_interval: &str) -> Running {
     collector
 }
 
+/// The value of `key` in a summary line of `key=value` words (what the
+/// agent and the load generator print at exit).
+pub fn summary_field<'a>(summary: &'a str, key: &str) -> &'a str {
+    summary
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+        .unwrap_or_else(|| panic!("no {key}= in {summary:?}"))
+}
+
 /// Runs `gputel-loadgen` against the collector at `addr`, giving up after
 /// `timeout`; asserts that it succeeded and returns its summary line.
 pub fn run_loadgen(addr: &str, timeout: &str, args: &[&str]) -> String {

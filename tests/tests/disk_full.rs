@@ -14,7 +14,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use gputel_tests::{
-    Running, assert_gpu_rows_exactly_once, collector_bin, duckdb_value, fixture_agent, table_scan,
+    Running, assert_gpu_rows_exactly_once, collector_bin, duckdb_value, fixture_agent,
+    summary_field, table_scan,
 };
 use serde_json::json;
 
@@ -119,12 +120,7 @@ fn a_full_disk_stops_acknowledgements_and_loses_nothing_when_space_returns() {
     let out = agent.wait(Duration::from_secs(120));
     let summary = String::from_utf8_lossy(&out.stdout).trim().to_owned();
     assert!(out.status.success(), "agent failed: {summary}");
-    let field = |key: &str| {
-        summary
-            .split_whitespace()
-            .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
-            .unwrap_or_else(|| panic!("no {key}= in {summary:?}"))
-    };
+    let field = |key| summary_field(&summary, key);
     assert_eq!(field("acknowledged"), TICKS.to_string(), "{summary}");
     assert_eq!(field("unacknowledged"), "0", "{summary}");
     assert_eq!(field("dropped"), "0", "{summary}");

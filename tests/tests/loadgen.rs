@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use gputel_tests::{duckdb, duckdb_value, run_loadgen, start_collector, table_scan};
+use gputel_tests::{duckdb, duckdb_value, run_loadgen, start_collector, summary_field, table_scan};
 use serde_json::json;
 
 /// Runs the load generator against `addr` and returns its summary line.
@@ -13,14 +13,6 @@ fn loadgen(addr: &str, args: &[&str]) -> String {
     let stdout = run_loadgen(addr, "60s", args);
     assert_eq!(stdout.lines().count(), 1, "one summary line: {stdout}");
     stdout
-}
-
-/// The summary's `key=value` for `key`.
-fn field<'a>(summary: &'a str, key: &str) -> &'a str {
-    summary
-        .split_whitespace()
-        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
-        .unwrap_or_else(|| panic!("no {key}= in {summary:?}"))
 }
 
 /// Rows of `table` per node whose name starts with `prefix`, and how many
@@ -55,8 +47,8 @@ fn every_batch_is_acknowledged_and_stored_once() {
         "{summary}"
     );
     // 200 batches of 8 × 13 + 11 + 4 × 9 metric values.
-    let elapsed: f64 = field(&summary, "elapsed_s").parse().unwrap();
-    let per_s: f64 = field(&summary, "values_per_s").parse().unwrap();
+    let elapsed: f64 = summary_field(&summary, "elapsed_s").parse().unwrap();
+    let per_s: f64 = summary_field(&summary, "values_per_s").parse().unwrap();
     assert!(elapsed > 0.0 && per_s > 0.0, "{summary}");
     assert!(
         (per_s * elapsed - 30200.0).abs() < 0.01 * 30200.0 + per_s * 0.001,

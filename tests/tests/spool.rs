@@ -6,16 +6,15 @@ use std::time::Duration;
 
 use gputel_tests::{
     Running, assert_gpu_rows_exactly_once, duckdb_value, fixture_agent, start_collector,
-    table_scan, unused_port,
+    summary_field, table_scan, unused_port,
 };
 use serde_json::json;
 
 fn field(summary: &str, key: &str) -> u64 {
-    summary
-        .split_whitespace()
-        .find_map(|kv| kv.strip_prefix(&format!("{key}=")))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no {key}= in {summary:?}"))
+    let value = summary_field(summary, key);
+    value
+        .parse()
+        .unwrap_or_else(|e| panic!("{key}={value} in {summary:?}: {e}"))
 }
 
 /// Runs an agent with `spool` for `ticks` ticks against `collector`, waiting
