@@ -18,6 +18,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::io;
+use std::mem::take;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -36,7 +37,8 @@ use tracing::{info, warn};
 use twox_hash::{XxHash3_128, XxHash64};
 
 use crate::persist::{
-    MAX_COMPACTED_FILE_ROWS, PersistError, compacted_properties, encode_with, put_file, sort_rows,
+    MAX_COMPACTED_FILE_ROWS, PersistError, compacted_properties, encode_with, off_runtime,
+    put_file, sort_rows,
 };
 use crate::store::{self, Store};
 
@@ -452,14 +454,19 @@ async fn compact_hour(
                 continue;
             }
         }
-        let Some(batches) = decode(table, &name, bytes)? else {
+        let decoded = {
+            let name = name.clone();
+            off_runtime(move || decode(table, &name, bytes)).await?
+        };
+        let Some(batches) = decoded else {
             warn!(file = %name, "schema differs from the table's; hour {hour} left as it is");
             report.hours_skipped += 1;
             return Ok(());
         };
         let file_rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
         if group_rows > 0 && group_rows + file_rows > MAX_COMPACTED_FILE_ROWS {
-            outputs.push(merge(table, &hour, &mut group, &mut group_stems)?);
+            let (batches, stems) = (take(&mut group), take(&mut group_stems));
+            outputs.push(merge_off_runtime(table, &hour, batches, stems).await?);
             group_rows = 0;
         }
         group.extend(batches);
@@ -469,7 +476,7 @@ async fn compact_hour(
         sources.push((source, outputs.len()));
     }
     if !group.is_empty() {
-        outputs.push(merge(table, &hour, &mut group, &mut group_stems)?);
+        outputs.push(merge_off_runtime(table, &hour, group, group_stems).await?);
     }
     if sources.len() < 2 && leftovers.is_empty() {
         return Ok(());
@@ -603,8 +610,8 @@ fn decode(
 fn merge(
     table: Table,
     hour: &str,
-    group: &mut Vec<RecordBatch>,
-    stems: &mut Vec<String>,
+    group: Vec<RecordBatch>,
+    stems: &[String],
 ) -> Result<Output, CompactError> {
     let merge_err = |source| CompactError::Merge {
         hour: hour.to_owned(),
@@ -612,7 +619,7 @@ fn merge(
     };
     let schema = table.schema();
     let all = arrow_select::concat::concat_batches(&schema, group.iter()).map_err(merge_err)?;
-    group.clear();
+    drop(group);
     let sorted = sort_rows(table, &all).map_err(merge_err)?;
     drop(all);
     let name = format!("{hour}/compacted");
@@ -626,8 +633,19 @@ fn merge(
         "{COMPACTED_PREFIX}{:016x}",
         XxHash64::oneshot(0, stems.join("/").as_bytes())
     );
-    stems.clear();
     Ok(Output { stem, bytes })
+}
+
+/// [`merge`] on the blocking threads: sorting and encoding up to
+/// [`MAX_COMPACTED_FILE_ROWS`] rows takes seconds.
+async fn merge_off_runtime(
+    table: Table,
+    hour: &str,
+    group: Vec<RecordBatch>,
+    stems: Vec<String>,
+) -> Result<Output, CompactError> {
+    let hour = hour.to_owned();
+    off_runtime(move || merge(table, &hour, group, &stems)).await
 }
 
 /// S3 and other object stores: markers first, then the compacted files,

@@ -183,15 +183,33 @@ pub async fn write_file(
 ) -> Result<u64, PersistError> {
     let table = path.table();
     let name = path.to_string();
-    let sorted = sort_rows(table, batch).map_err(|source| PersistError::Sort {
-        path: name.clone(),
-        source,
-    })?;
-    let bytes = encode(table, table.schema(), &sorted).map_err(|source| PersistError::Encode {
-        path: name.clone(),
-        source,
-    })?;
+    let batch = batch.clone();
+    let bytes = off_runtime({
+        let name = name.clone();
+        move || {
+            let sorted = sort_rows(table, &batch).map_err(|source| PersistError::Sort {
+                path: name.clone(),
+                source,
+            })?;
+            encode(table, table.schema(), &sorted)
+                .map_err(|source| PersistError::Encode { path: name, source })
+        }
+    })
+    .await?;
     put_file(store, name, bytes).await
+}
+
+/// Runs CPU-bound work (sorting, Parquet encoding and decoding) on tokio's
+/// blocking threads, so the tasks that serve agents and pet the watchdog
+/// keep their worker threads meanwhile. A panic in `work` resumes here.
+pub async fn off_runtime<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(value) => value,
+        Err(e) => match e.try_into_panic() {
+            Ok(panic) => std::panic::resume_unwind(panic),
+            Err(e) => panic!("blocking work cancelled at shutdown: {e}"),
+        },
+    }
 }
 
 /// Stores one encoded file under `path` (relative to the store's root),
