@@ -2,18 +2,18 @@
 //! whole with a reason that names the offending row and field; nothing else on
 //! the stream is affected.
 
-use gputel_proto::{Batch, EventKind, Hello};
+//!
+//! What each column accepts is declared with the table in `gputel_schemas`;
+//! this module adds what concerns a batch as a whole.
+
+use gputel_proto::{Batch, Hello};
+pub use gputel_schemas::column::{MAX_DETAIL_BYTES, MAX_FUTURE_US, MAX_VALUE_BYTES, MIN_TS_US};
+use gputel_schemas::{
+    ColumnError, EventRows, GpuProcessRows, GpuRows, IbRows, NodeRows, RowContext, Table,
+};
 
 /// Most rows one batch may carry (all tables together).
 pub const MAX_BATCH_ROWS: usize = 100_000;
-/// Longest string value accepted in a row (UUIDs, model names, port states).
-pub const MAX_VALUE_BYTES: usize = 256;
-/// Longest event detail accepted.
-pub const MAX_DETAIL_BYTES: usize = 1024;
-/// Earliest accepted sample time: 2000-01-01T00:00:00Z. Older means a dead RTC.
-pub const MIN_TS_US: i64 = 946_684_800_000_000;
-/// How far ahead of the collector's clock a sample may be: one day.
-pub const MAX_FUTURE_US: i64 = 24 * 3600 * 1_000_000;
 
 /// Why a hello or a batch was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -28,28 +28,8 @@ pub enum ValidationError {
     ZeroSeq,
     #[error("batch has {rows} rows, more than the limit of {MAX_BATCH_ROWS}")]
     TooManyRows { rows: usize },
-    #[error(
-        "{table} row {row}: timestamp {ts_us} µs is outside the accepted window (2000-01-01 to one day after the collector's clock); check the node's clock"
-    )]
-    Timestamp {
-        table: &'static str,
-        row: usize,
-        ts_us: i64,
-    },
-    #[error("{table} row {row}: {field} is longer than {max} bytes")]
-    TooLong {
-        table: &'static str,
-        row: usize,
-        field: &'static str,
-        max: usize,
-    },
-    #[error("{table} row {row}: {field} is {reason}")]
-    Field {
-        table: &'static str,
-        row: usize,
-        field: &'static str,
-        reason: &'static str,
-    },
+    #[error(transparent)]
+    Column(#[from] ColumnError),
 }
 
 /// A batch that passed [`validate_batch`]: every timestamp is in the accepted
@@ -98,145 +78,35 @@ pub fn validate_batch(batch: &Batch, now_us: i64) -> Result<ValidBatch<'_>, Vali
     if rows > MAX_BATCH_ROWS {
         return Err(ValidationError::TooManyRows { rows });
     }
-    let check = RowCheck { now_us };
-    for (row, s) in batch.gpu.iter().enumerate() {
-        let c = check.row("gpu", row, s.ts_us)?;
-        c.int32("gpu", Some(s.gpu))?;
-        c.text("uuid", &s.uuid)?;
-        c.text("model", &s.model)?;
-        c.int32("xid_count", Some(s.xid_count))?;
-        c.int32("job_count", Some(s.job_count))?;
-        c.opt_text("job_id", s.job_id.as_deref())?;
-        c.opt_text("pod_uid", s.pod_uid.as_deref())?;
-        for (field, v) in [
-            ("temperature_c", s.temperature_c),
-            ("memory_temperature_c", s.memory_temperature_c),
-            ("sm_clock_mhz", s.sm_clock_mhz),
-            ("memory_clock_mhz", s.memory_clock_mhz),
-            ("gpu_util_pct", s.gpu_util_pct),
-            ("memory_copy_util_pct", s.memory_copy_util_pct),
-            ("remapped_rows_corrected", s.remapped_rows_corrected),
-            ("remapped_rows_uncorrected", s.remapped_rows_uncorrected),
-        ] {
-            c.int32(field, v)?;
-        }
-        for (field, v) in [
-            ("energy_mj", s.energy_mj),
-            ("fb_used_bytes", s.fb_used_bytes),
-            ("fb_free_bytes", s.fb_free_bytes),
-            ("fb_total_bytes", s.fb_total_bytes),
-            ("clock_event_reasons", s.clock_event_reasons),
-            ("ecc_corrected_volatile", s.ecc_corrected_volatile),
-            ("ecc_uncorrected_volatile", s.ecc_uncorrected_volatile),
-            ("ecc_corrected_aggregate", s.ecc_corrected_aggregate),
-            ("ecc_uncorrected_aggregate", s.ecc_uncorrected_aggregate),
-            ("retired_pages_sbe", s.retired_pages_sbe),
-            ("retired_pages_dbe", s.retired_pages_dbe),
-            ("pcie_replay_count", s.pcie_replay_count),
-            ("pcie_tx_bytes_per_s", s.pcie_tx_bytes_per_s),
-            ("pcie_rx_bytes_per_s", s.pcie_rx_bytes_per_s),
-            ("nvlink_tx_bytes_per_s", s.nvlink_tx_bytes_per_s),
-            ("nvlink_rx_bytes_per_s", s.nvlink_rx_bytes_per_s),
-        ] {
-            c.int64(field, v)?;
-        }
-        for (field, v) in [
-            ("sm_active_pct", s.sm_active_pct),
-            ("sm_occupancy_pct", s.sm_occupancy_pct),
-            ("tensor_active_pct", s.tensor_active_pct),
-            ("dram_active_pct", s.dram_active_pct),
-        ] {
-            c.finite(field, v.map(f64::from))?;
-        }
-    }
-    for (row, s) in batch.node.iter().enumerate() {
-        let c = check.row("node", row, s.ts_us)?;
-        c.int32("cpu_count", Some(s.cpu_count))?;
-        for job in &s.jobs {
-            c.text("jobs", job)?;
-        }
-        for (field, v) in [
-            ("cpu_user_pct", s.cpu_user_pct),
-            ("cpu_system_pct", s.cpu_system_pct),
-            ("cpu_iowait_pct", s.cpu_iowait_pct),
-            ("cpu_idle_pct", s.cpu_idle_pct),
-            ("load1", s.load1),
-            ("load5", s.load5),
-            ("load15", s.load15),
-        ] {
-            c.finite(field, v.map(f64::from))?;
-        }
-        for (field, v) in [
-            ("memory_total_bytes", s.memory_total_bytes),
-            ("memory_used_bytes", s.memory_used_bytes),
-            ("memory_available_bytes", s.memory_available_bytes),
-        ] {
-            c.int64(field, v)?;
-        }
-    }
-    for (row, s) in batch.ib.iter().enumerate() {
-        let c = check.row("ib", row, s.ts_us)?;
-        c.text("device", &s.device)?;
-        c.text("state", &s.state)?;
-        c.int32("port", Some(s.port))?;
-        for (field, v) in [
-            ("rate_gbps", s.rate_gbps),
-            ("xmit_bytes_per_s", s.xmit_bytes_per_s),
-            ("rcv_bytes_per_s", s.rcv_bytes_per_s),
-            ("xmit_packets_per_s", s.xmit_packets_per_s),
-            ("rcv_packets_per_s", s.rcv_packets_per_s),
-        ] {
-            c.finite(field, v)?;
-        }
-        for (field, v) in [
-            ("xmit_bytes", s.xmit_bytes),
-            ("rcv_bytes", s.rcv_bytes),
-            ("xmit_packets", s.xmit_packets),
-            ("rcv_packets", s.rcv_packets),
-            ("symbol_error", s.symbol_error),
-            ("link_downed", s.link_downed),
-            ("link_error_recovery", s.link_error_recovery),
-            ("port_rcv_errors", s.port_rcv_errors),
-            ("port_xmit_discards", s.port_xmit_discards),
-            ("port_xmit_wait", s.port_xmit_wait),
-            ("hw_out_of_buffer", s.hw_out_of_buffer),
-            ("hw_out_of_sequence", s.hw_out_of_sequence),
-            ("hw_packet_seq_err", s.hw_packet_seq_err),
-            ("hw_local_ack_timeout_err", s.hw_local_ack_timeout_err),
-            ("hw_rnr_nak_retry_err", s.hw_rnr_nak_retry_err),
-            ("hw_implied_nak_seq_err", s.hw_implied_nak_seq_err),
-        ] {
-            c.int64(field, v)?;
-        }
-    }
-    for (row, s) in batch.event.iter().enumerate() {
-        let c = check.row("event", row, s.ts_us)?;
-        c.int32("gpu", Some(s.gpu))?;
-        c.text("uuid", &s.uuid)?;
-        c.int64("code", Some(s.code))?;
-        c.text_up_to("detail", &s.detail, MAX_DETAIL_BYTES)?;
-        c.opt_text("job_id", s.job_id.as_deref())?;
-        if !matches!(
-            EventKind::try_from(s.kind),
-            Ok(EventKind::Xid
-                | EventKind::GpuLost
-                | EventKind::ThermalThrottle
-                | EventKind::PowerThrottle)
-        ) {
-            return Err(c.fail("kind", "not a known event kind"));
-        }
-    }
-    for (row, s) in batch.gpu_process.iter().enumerate() {
-        let c = check.row("gpu_process", row, s.ts_us)?;
-        c.int32("gpu", Some(s.gpu))?;
-        c.int32("pid", Some(s.pid))?;
-        c.text("uuid", &s.uuid)?;
-        c.text("command", &s.command)?;
-        c.opt_text("job_id", s.job_id.as_deref())?;
-        c.opt_text("pod_uid", s.pod_uid.as_deref())?;
-        c.int64("used_memory_bytes", s.used_memory_bytes)?;
-    }
+    check_rows(Table::Gpu, &batch.gpu, now_us, GpuRows::check)?;
+    check_rows(Table::Node, &batch.node, now_us, NodeRows::check)?;
+    check_rows(Table::Ib, &batch.ib, now_us, IbRows::check)?;
+    check_rows(Table::Event, &batch.event, now_us, EventRows::check)?;
+    check_rows(
+        Table::GpuProcess,
+        &batch.gpu_process,
+        now_us,
+        GpuProcessRows::check,
+    )?;
     Ok(ValidBatch(batch))
+}
+
+/// Checks each row with its table's declared column checks. The node name
+/// was checked with the hello; it stands in as any valid name here.
+fn check_rows<S>(
+    table: Table,
+    rows: &[S],
+    now_us: i64,
+    check: impl Fn(RowContext, &str, &S) -> Result<(), ColumnError>,
+) -> Result<(), ColumnError> {
+    rows.iter().enumerate().try_for_each(|(row, s)| {
+        let context = RowContext {
+            table: table.name(),
+            row,
+            now_us,
+        };
+        check(context, "node", s)
+    })
 }
 
 /// Rows in a batch, all tables together.
@@ -248,86 +118,10 @@ pub fn row_count(batch: &Batch) -> usize {
         + batch.gpu_process.len()
 }
 
-#[derive(Debug, Clone, Copy)]
-struct RowCheck {
-    now_us: i64,
-}
-
-impl RowCheck {
-    fn row(self, table: &'static str, row: usize, ts_us: i64) -> Result<Row, ValidationError> {
-        if ts_us < MIN_TS_US || ts_us > self.now_us.saturating_add(MAX_FUTURE_US) {
-            return Err(ValidationError::Timestamp { table, row, ts_us });
-        }
-        Ok(Row { table, row })
-    }
-}
-
-/// One row being checked, for error messages.
-#[derive(Debug, Clone, Copy)]
-struct Row {
-    table: &'static str,
-    row: usize,
-}
-
-impl Row {
-    fn fail(self, field: &'static str, reason: &'static str) -> ValidationError {
-        ValidationError::Field {
-            table: self.table,
-            row: self.row,
-            field,
-            reason,
-        }
-    }
-
-    fn int32(self, field: &'static str, v: Option<u32>) -> Result<(), ValidationError> {
-        match v {
-            Some(v) if v > i32::MAX as u32 => Err(self.fail(field, "larger than 2^31-1")),
-            _ => Ok(()),
-        }
-    }
-
-    fn int64(self, field: &'static str, v: Option<u64>) -> Result<(), ValidationError> {
-        match v {
-            Some(v) if v > i64::MAX as u64 => Err(self.fail(field, "larger than 2^63-1")),
-            _ => Ok(()),
-        }
-    }
-
-    fn finite(self, field: &'static str, v: Option<f64>) -> Result<(), ValidationError> {
-        match v {
-            Some(v) if !v.is_finite() => Err(self.fail(field, "not a finite number")),
-            _ => Ok(()),
-        }
-    }
-
-    fn opt_text(self, field: &'static str, v: Option<&str>) -> Result<(), ValidationError> {
-        v.map_or(Ok(()), |v| self.text(field, v))
-    }
-
-    fn text(self, field: &'static str, v: &str) -> Result<(), ValidationError> {
-        self.text_up_to(field, v, MAX_VALUE_BYTES)
-    }
-
-    fn text_up_to(self, field: &'static str, v: &str, max: usize) -> Result<(), ValidationError> {
-        if v.len() > max {
-            Err(ValidationError::TooLong {
-                table: self.table,
-                row: self.row,
-                field,
-                max,
-            })
-        } else if v.chars().any(char::is_control) {
-            Err(self.fail(field, "holding control characters"))
-        } else {
-            Ok(())
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gputel_proto::{GpuSample, IbPortSample, NodeSample};
+    use gputel_proto::{EventKind, GpuSample, IbPortSample, NodeSample};
 
     const NOW: i64 = 1_795_240_800_000_000;
 
@@ -447,11 +241,11 @@ mod tests {
         b.node[0].ts_us = MIN_TS_US - 1;
         assert!(matches!(
             validate_batch(&b, NOW),
-            Err(ValidationError::Timestamp {
+            Err(ValidationError::Column(ColumnError::Timestamp {
                 table: "node",
                 row: 0,
                 ..
-            })
+            }))
         ));
 
         let mut b = batch();

@@ -15,6 +15,42 @@ pub use v1::{
     Hello, IbPortSample, NodeSample, WalRecord, WalState, agent_message, collector_message,
 };
 
+/// The bits of `GpuSample.clock_event_reasons` (NVML's
+/// `nvmlClocksEventReason*`) that gputel names: the `gpu` table's
+/// `throttle_*` columns, the agent's throttling events and the alert rules
+/// all read them from here.
+pub mod clock_event_reasons {
+    /// Clocks are low because nothing runs.
+    pub const GPU_IDLE: u64 = 0x1;
+    /// Software power capping (the power limit).
+    pub const SW_POWER_CAP: u64 = 0x4;
+    /// Hardware slowdown (thermal or power brake, among others).
+    pub const HW_SLOWDOWN: u64 = 0x8;
+    /// Held back to stay in sync with other GPUs of a sync-boost group.
+    pub const SYNC_BOOST: u64 = 0x10;
+    /// Software thermal slowdown.
+    pub const SW_THERMAL: u64 = 0x20;
+    /// Hardware thermal slowdown.
+    pub const HW_THERMAL: u64 = 0x40;
+    /// Hardware power brake (an external power signal).
+    pub const HW_POWER_BRAKE: u64 = 0x80;
+    /// The reasons that make a thermal throttling episode.
+    pub const THERMAL: u64 = SW_THERMAL | HW_THERMAL;
+    /// The reasons that make a power throttling episode.
+    pub const POWER: u64 = SW_POWER_CAP | HW_POWER_BRAKE;
+    /// Every named reason by the suffix of its `gpu` table column
+    /// (`throttle_<name>`), in bit order.
+    pub const NAMED: [(&str, u64); 7] = [
+        ("gpu_idle", GPU_IDLE),
+        ("sw_power_cap", SW_POWER_CAP),
+        ("hw_slowdown", HW_SLOWDOWN),
+        ("sync_boost", SYNC_BOOST),
+        ("sw_thermal", SW_THERMAL),
+        ("hw_thermal", HW_THERMAL),
+        ("hw_power_brake", HW_POWER_BRAKE),
+    ];
+}
+
 /// Largest encoded message either side accepts by default (16 MiB).
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 

@@ -7,11 +7,21 @@
 //! [`scheduler_job`], partitioned by submit month. The golden files in
 //! `schemas/golden/` pin every schema: a test fails when one changes without
 //! its golden file.
+//!
+//! Each table is declared once, in `tables.rs`: one line per column names
+//! its [`column`] kind and where its value comes from. The Arrow schema, the
+//! check every row passes before the collector stores it, and the builder
+//! that turns rows into Arrow columns all come from that declaration.
 
+pub mod column;
 mod partition;
 pub mod scheduler_job;
 mod tables;
 
+pub use column::{ColumnError, RowContext};
 pub use partition::{PartitionError, PartitionKey, PartitionPath};
 pub use scheduler_job::{JobTracePath, Month, scheduler_job_schema};
-pub use tables::{Table, describe_schema, golden_path};
+pub use tables::{
+    AlertRows, EventRows, GpuProcessRows, GpuRows, IbRows, JobRows, JobSpan, NodeRows, Table,
+    describe_schema, golden_path,
+};

@@ -1,7 +1,16 @@
 use std::path::PathBuf;
 use std::sync::{Arc, LazyLock};
 
-use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use arrow_array::ArrayRef;
+use arrow_schema::{Field, Schema, SchemaRef};
+use gputel_proto::clock_event_reasons as reason;
+use gputel_proto::{AlertRow, GpuEvent, GpuProcess, GpuSample, IbPortSample, NodeSample};
+
+use crate::column::{
+    ColumnError, ColumnKind, EventKindName, I64, Label, LabelList, OptBool, OptF32, OptF64,
+    OptLabel, OptU32, OptU32Wide, OptU64, OtherTimestamp, RowContext, Text, Timestamp, U32, U64,
+    flag,
+};
 
 /// Column names shared by several tables.
 pub mod col {
@@ -101,195 +110,247 @@ impl std::fmt::Display for Table {
     }
 }
 
-fn ts() -> Field {
-    Field::new(
-        col::TS,
-        DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
-        false,
-    )
+/// Declares a table once: one `column: Kind = value` line per column, in the
+/// schema's order, with `$node` and `$s` naming the row's node and its source
+/// (a protocol message, or what the collector derived). From that one list
+/// come the Arrow fields, the check every row passes before it is stored, and
+/// the builder that appends rows and finishes them into columns.
+macro_rules! table {
+    ($(#[$doc:meta])* $rows:ident for $source:ty, |$node:ident, $s:ident| {
+        $($col:ident: $kind:ty = $value:expr),* $(,)?
+    }) => {
+        $(#[$doc])*
+        #[derive(Default)]
+        pub struct $rows {
+            $($col: <$kind as ColumnKind>::Builder,)*
+        }
+
+        impl std::fmt::Debug for $rows {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(stringify!($rows))
+            }
+        }
+
+        impl $rows {
+            /// The table's Arrow fields, in column order.
+            pub fn fields() -> Vec<Field> {
+                vec![$(<$kind as ColumnKind>::field(stringify!($col)),)*]
+            }
+
+            /// Checks every value of one row; the error names the row and column.
+            pub fn check(row: RowContext, $node: &str, $s: &$source) -> Result<(), ColumnError> {
+                $(<$kind as ColumnKind>::check(row, stringify!($col), $value)?;)*
+                Ok(())
+            }
+
+            /// Appends one row that passed [`Self::check`].
+            pub fn push(&mut self, $node: &str, $s: &$source) {
+                $(<$kind as ColumnKind>::put(&mut self.$col, $value);)*
+            }
+
+            /// The rows appended so far, as columns in schema order; starts over.
+            pub fn finish(&mut self) -> Vec<ArrayRef> {
+                vec![$(<$kind as ColumnKind>::finish(&mut self.$col),)*]
+            }
+        }
+    };
 }
 
-fn dict_str(name: &str, nullable: bool) -> Field {
-    Field::new_dictionary(name, DataType::Int32, DataType::Utf8, nullable)
+table!(
+    /// `gpu`: one row per GPU per tick.
+    GpuRows for GpuSample, |node, s| {
+        ts: Timestamp = s.ts_us,
+        node: Label = node,
+        gpu: U32 = s.gpu,
+        uuid: Label = s.uuid.as_str(),
+        model: Label = s.model.as_str(),
+        temperature_c: OptU32 = s.temperature_c,
+        memory_temperature_c: OptU32 = s.memory_temperature_c,
+        power_mw: OptU32Wide = s.power_mw,
+        energy_mj: OptU64 = s.energy_mj,
+        sm_clock_mhz: OptU32 = s.sm_clock_mhz,
+        memory_clock_mhz: OptU32 = s.memory_clock_mhz,
+        gpu_util_pct: OptU32 = s.gpu_util_pct,
+        memory_copy_util_pct: OptU32 = s.memory_copy_util_pct,
+        fb_used_bytes: OptU64 = s.fb_used_bytes,
+        fb_free_bytes: OptU64 = s.fb_free_bytes,
+        fb_total_bytes: OptU64 = s.fb_total_bytes,
+        sm_active_pct: OptF32 = s.sm_active_pct,
+        sm_occupancy_pct: OptF32 = s.sm_occupancy_pct,
+        tensor_active_pct: OptF32 = s.tensor_active_pct,
+        dram_active_pct: OptF32 = s.dram_active_pct,
+        power_limit_mw: OptU32Wide = s.power_limit_mw,
+        power_avg_mw: OptU32Wide = s.power_avg_mw,
+        clock_event_reasons: OptU64 = s.clock_event_reasons,
+        throttle_gpu_idle: OptBool = flag(s.clock_event_reasons, reason::GPU_IDLE),
+        throttle_sw_power_cap: OptBool = flag(s.clock_event_reasons, reason::SW_POWER_CAP),
+        throttle_hw_slowdown: OptBool = flag(s.clock_event_reasons, reason::HW_SLOWDOWN),
+        throttle_sync_boost: OptBool = flag(s.clock_event_reasons, reason::SYNC_BOOST),
+        throttle_sw_thermal: OptBool = flag(s.clock_event_reasons, reason::SW_THERMAL),
+        throttle_hw_thermal: OptBool = flag(s.clock_event_reasons, reason::HW_THERMAL),
+        throttle_hw_power_brake: OptBool = flag(s.clock_event_reasons, reason::HW_POWER_BRAKE),
+        ecc_corrected_volatile: OptU64 = s.ecc_corrected_volatile,
+        ecc_uncorrected_volatile: OptU64 = s.ecc_uncorrected_volatile,
+        ecc_corrected_aggregate: OptU64 = s.ecc_corrected_aggregate,
+        ecc_uncorrected_aggregate: OptU64 = s.ecc_uncorrected_aggregate,
+        retired_pages_sbe: OptU64 = s.retired_pages_sbe,
+        retired_pages_dbe: OptU64 = s.retired_pages_dbe,
+        retired_pages_pending: OptBool = s.retired_pages_pending,
+        remapped_rows_corrected: OptU32 = s.remapped_rows_corrected,
+        remapped_rows_uncorrected: OptU32 = s.remapped_rows_uncorrected,
+        remapped_rows_pending: OptBool = s.remapped_rows_pending,
+        remapped_rows_failure: OptBool = s.remapped_rows_failure,
+        pcie_replay_count: OptU64 = s.pcie_replay_count,
+        pcie_tx_bytes_per_s: OptU64 = s.pcie_tx_bytes_per_s,
+        pcie_rx_bytes_per_s: OptU64 = s.pcie_rx_bytes_per_s,
+        nvlink_tx_bytes_per_s: OptU64 = s.nvlink_tx_bytes_per_s,
+        nvlink_rx_bytes_per_s: OptU64 = s.nvlink_rx_bytes_per_s,
+        xid_count: U32 = s.xid_count,
+        job_id: OptLabel = s.job_id.as_deref(),
+        pod_uid: OptLabel = s.pod_uid.as_deref(),
+        job_count: U32 = s.job_count,
+    }
+);
+
+table!(
+    /// `node`: one row per node per tick.
+    NodeRows for NodeSample, |node, s| {
+        ts: Timestamp = s.ts_us,
+        node: Label = node,
+        cpu_count: U32 = s.cpu_count,
+        cpu_user_pct: OptF32 = s.cpu_user_pct,
+        cpu_system_pct: OptF32 = s.cpu_system_pct,
+        cpu_iowait_pct: OptF32 = s.cpu_iowait_pct,
+        cpu_idle_pct: OptF32 = s.cpu_idle_pct,
+        memory_total_bytes: OptU64 = s.memory_total_bytes,
+        memory_used_bytes: OptU64 = s.memory_used_bytes,
+        memory_available_bytes: OptU64 = s.memory_available_bytes,
+        load1: OptF32 = s.load1,
+        load5: OptF32 = s.load5,
+        load15: OptF32 = s.load15,
+        jobs: LabelList = s.jobs.as_slice(),
+    }
+);
+
+table!(
+    /// `ib`: one row per InfiniBand port per tick.
+    IbRows for IbPortSample, |node, s| {
+        ts: Timestamp = s.ts_us,
+        node: Label = node,
+        device: Label = s.device.as_str(),
+        port: U32 = s.port,
+        state: Label = s.state.as_str(),
+        rate_gbps: OptF64 = s.rate_gbps,
+        xmit_bytes: OptU64 = s.xmit_bytes,
+        rcv_bytes: OptU64 = s.rcv_bytes,
+        xmit_packets: OptU64 = s.xmit_packets,
+        rcv_packets: OptU64 = s.rcv_packets,
+        xmit_bytes_per_s: OptF64 = s.xmit_bytes_per_s,
+        rcv_bytes_per_s: OptF64 = s.rcv_bytes_per_s,
+        xmit_packets_per_s: OptF64 = s.xmit_packets_per_s,
+        rcv_packets_per_s: OptF64 = s.rcv_packets_per_s,
+        symbol_error: OptU64 = s.symbol_error,
+        link_downed: OptU64 = s.link_downed,
+        link_error_recovery: OptU64 = s.link_error_recovery,
+        port_rcv_errors: OptU64 = s.port_rcv_errors,
+        port_xmit_discards: OptU64 = s.port_xmit_discards,
+        port_xmit_wait: OptU64 = s.port_xmit_wait,
+        hw_out_of_buffer: OptU64 = s.hw_out_of_buffer,
+        hw_out_of_sequence: OptU64 = s.hw_out_of_sequence,
+        hw_packet_seq_err: OptU64 = s.hw_packet_seq_err,
+        hw_local_ack_timeout_err: OptU64 = s.hw_local_ack_timeout_err,
+        hw_rnr_nak_retry_err: OptU64 = s.hw_rnr_nak_retry_err,
+        hw_implied_nak_seq_err: OptU64 = s.hw_implied_nak_seq_err,
+    }
+);
+
+table!(
+    /// `event`: one row per GPU event.
+    EventRows for GpuEvent, |node, s| {
+        ts: Timestamp = s.ts_us,
+        node: Label = node,
+        gpu: U32 = s.gpu,
+        uuid: Label = s.uuid.as_str(),
+        kind: EventKindName = s.kind,
+        code: U64 = s.code,
+        detail: Text = s.detail.as_str(),
+        job_id: OptLabel = s.job_id.as_deref(),
+    }
+);
+
+table!(
+    /// `gpu_process`: one row per compute process per GPU per process refresh.
+    GpuProcessRows for GpuProcess, |node, s| {
+        ts: Timestamp = s.ts_us,
+        node: Label = node,
+        gpu: U32 = s.gpu,
+        uuid: Label = s.uuid.as_str(),
+        pid: U32 = s.pid,
+        used_memory_bytes: OptU64 = s.used_memory_bytes,
+        command: Label = s.command.as_str(),
+        job_id: OptLabel = s.job_id.as_deref(),
+        pod_uid: OptLabel = s.pod_uid.as_deref(),
+    }
+);
+
+/// What the collector saw of one job on one GPU of one node within one
+/// partition: the source of a `job` row.
+#[derive(Debug, Clone, Copy)]
+pub struct JobSpan<'a> {
+    pub job_id: &'a str,
+    pub gpu: u32,
+    /// The first and last sample time, µs.
+    pub first_us: i64,
+    pub last_us: i64,
+    pub samples: i64,
 }
 
-fn opt(name: &str, data_type: DataType) -> Field {
-    Field::new(name, data_type, true)
-}
-
-static GPU: LazyLock<SchemaRef> = LazyLock::new(|| {
-    Arc::new(Schema::new(vec![
-        ts(),
-        dict_str(col::NODE, false),
-        Field::new(col::GPU, DataType::Int32, false),
-        dict_str("uuid", false),
-        dict_str("model", false),
-        opt("temperature_c", DataType::Int32),
-        opt("memory_temperature_c", DataType::Int32),
-        opt("power_mw", DataType::Int64),
-        opt("energy_mj", DataType::Int64),
-        opt("sm_clock_mhz", DataType::Int32),
-        opt("memory_clock_mhz", DataType::Int32),
-        opt("gpu_util_pct", DataType::Int32),
-        opt("memory_copy_util_pct", DataType::Int32),
-        opt("fb_used_bytes", DataType::Int64),
-        opt("fb_free_bytes", DataType::Int64),
-        opt("fb_total_bytes", DataType::Int64),
-        opt("sm_active_pct", DataType::Float32),
-        opt("sm_occupancy_pct", DataType::Float32),
-        opt("tensor_active_pct", DataType::Float32),
-        opt("dram_active_pct", DataType::Float32),
-        opt("power_limit_mw", DataType::Int64),
-        opt("power_avg_mw", DataType::Int64),
-        opt("clock_event_reasons", DataType::Int64),
-        opt("throttle_gpu_idle", DataType::Boolean),
-        opt("throttle_sw_power_cap", DataType::Boolean),
-        opt("throttle_hw_slowdown", DataType::Boolean),
-        opt("throttle_sync_boost", DataType::Boolean),
-        opt("throttle_sw_thermal", DataType::Boolean),
-        opt("throttle_hw_thermal", DataType::Boolean),
-        opt("throttle_hw_power_brake", DataType::Boolean),
-        opt("ecc_corrected_volatile", DataType::Int64),
-        opt("ecc_uncorrected_volatile", DataType::Int64),
-        opt("ecc_corrected_aggregate", DataType::Int64),
-        opt("ecc_uncorrected_aggregate", DataType::Int64),
-        opt("retired_pages_sbe", DataType::Int64),
-        opt("retired_pages_dbe", DataType::Int64),
-        opt("retired_pages_pending", DataType::Boolean),
-        opt("remapped_rows_corrected", DataType::Int32),
-        opt("remapped_rows_uncorrected", DataType::Int32),
-        opt("remapped_rows_pending", DataType::Boolean),
-        opt("remapped_rows_failure", DataType::Boolean),
-        opt("pcie_replay_count", DataType::Int64),
-        opt("pcie_tx_bytes_per_s", DataType::Int64),
-        opt("pcie_rx_bytes_per_s", DataType::Int64),
-        opt("nvlink_tx_bytes_per_s", DataType::Int64),
-        opt("nvlink_rx_bytes_per_s", DataType::Int64),
-        Field::new("xid_count", DataType::Int32, false),
-        dict_str(col::JOB_ID, true),
-        dict_str("pod_uid", true),
-        Field::new("job_count", DataType::Int32, false),
-    ]))
-});
-
-static NODE: LazyLock<SchemaRef> = LazyLock::new(|| {
-    Arc::new(Schema::new(vec![
-        ts(),
-        dict_str(col::NODE, false),
-        Field::new("cpu_count", DataType::Int32, false),
-        opt("cpu_user_pct", DataType::Float32),
-        opt("cpu_system_pct", DataType::Float32),
-        opt("cpu_iowait_pct", DataType::Float32),
-        opt("cpu_idle_pct", DataType::Float32),
-        opt("memory_total_bytes", DataType::Int64),
-        opt("memory_used_bytes", DataType::Int64),
-        opt("memory_available_bytes", DataType::Int64),
-        opt("load1", DataType::Float32),
-        opt("load5", DataType::Float32),
-        opt("load15", DataType::Float32),
-        Field::new(
-            "jobs",
-            DataType::List(Arc::new(Field::new_list_field(DataType::Utf8, false))),
-            false,
-        ),
-    ]))
-});
-
-static IB: LazyLock<SchemaRef> = LazyLock::new(|| {
-    Arc::new(Schema::new(vec![
-        ts(),
-        dict_str(col::NODE, false),
-        dict_str(col::DEVICE, false),
-        Field::new(col::PORT, DataType::Int32, false),
-        dict_str("state", false),
-        opt("rate_gbps", DataType::Float64),
-        opt("xmit_bytes", DataType::Int64),
-        opt("rcv_bytes", DataType::Int64),
-        opt("xmit_packets", DataType::Int64),
-        opt("rcv_packets", DataType::Int64),
-        opt("xmit_bytes_per_s", DataType::Float64),
-        opt("rcv_bytes_per_s", DataType::Float64),
-        opt("xmit_packets_per_s", DataType::Float64),
-        opt("rcv_packets_per_s", DataType::Float64),
-        opt("symbol_error", DataType::Int64),
-        opt("link_downed", DataType::Int64),
-        opt("link_error_recovery", DataType::Int64),
-        opt("port_rcv_errors", DataType::Int64),
-        opt("port_xmit_discards", DataType::Int64),
-        opt("port_xmit_wait", DataType::Int64),
-        opt("hw_out_of_buffer", DataType::Int64),
-        opt("hw_out_of_sequence", DataType::Int64),
-        opt("hw_packet_seq_err", DataType::Int64),
-        opt("hw_local_ack_timeout_err", DataType::Int64),
-        opt("hw_rnr_nak_retry_err", DataType::Int64),
-        opt("hw_implied_nak_seq_err", DataType::Int64),
-    ]))
-});
-
-static EVENT: LazyLock<SchemaRef> = LazyLock::new(|| {
-    Arc::new(Schema::new(vec![
-        ts(),
-        dict_str(col::NODE, false),
-        Field::new(col::GPU, DataType::Int32, false),
-        dict_str("uuid", false),
-        dict_str("kind", false),
-        Field::new("code", DataType::Int64, false),
-        Field::new("detail", DataType::Utf8, false),
-        dict_str(col::JOB_ID, true),
-    ]))
-});
-
-static GPU_PROCESS: LazyLock<SchemaRef> = LazyLock::new(|| {
-    Arc::new(Schema::new(vec![
-        ts(),
-        dict_str(col::NODE, false),
-        Field::new(col::GPU, DataType::Int32, false),
-        dict_str("uuid", false),
-        Field::new(col::PID, DataType::Int32, false),
-        opt("used_memory_bytes", DataType::Int64),
-        dict_str("command", false),
-        dict_str(col::JOB_ID, true),
-        dict_str("pod_uid", true),
-    ]))
-});
-
-static JOB: LazyLock<SchemaRef> = LazyLock::new(|| {
-    Arc::new(Schema::new(vec![
-        dict_str(col::JOB_ID, false),
-        dict_str(col::NODE, false),
-        Field::new(col::GPU, DataType::Int32, false),
+table!(
+    /// `job`: one row per (job, node, GPU) per written file.
+    JobRows for JobSpan<'_>, |node, s| {
+        job_id: Label = s.job_id,
+        node: Label = node,
+        gpu: U32 = s.gpu,
         // First sample of the job on this GPU in the file; the partition's time.
-        ts(),
-        Field::new(
-            "last_ts",
-            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
-            false,
-        ),
-        Field::new("samples", DataType::Int64, false),
-    ]))
-});
+        ts: OtherTimestamp = s.first_us,
+        last_ts: OtherTimestamp = s.last_us,
+        samples: I64 = s.samples,
+    }
+);
 
-static ALERT: LazyLock<SchemaRef> = LazyLock::new(|| {
-    let micros = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
-    Arc::new(Schema::new(vec![
+table!(
+    /// `alert`: one row per firing or resolution of an alert rule.
+    AlertRows for AlertRow, |node, s| {
         // Sample time of the transition: the sample that completed `for`
         // (firing) or the clear condition (resolved).
-        ts(),
-        dict_str(col::NODE, false),
+        ts: Timestamp = s.ts_us,
+        node: Label = node,
         // Null for node-wide rules (node power).
-        opt(col::GPU, DataType::Int32),
-        dict_str("uuid", true),
-        dict_str("model", true),
-        dict_str(col::JOB_ID, true),
-        dict_str("rule", false),
-        dict_str("severity", false),
-        dict_str("status", false),
-        dict_str("metric", false),
-        opt("value", DataType::Float64),
-        opt("threshold", DataType::Float64),
-        Field::new("starts_at", micros, false),
-    ]))
-});
+        gpu: OptU32 = s.gpu,
+        uuid: OptLabel = s.uuid.as_deref(),
+        model: OptLabel = s.model.as_deref(),
+        job_id: OptLabel = s.job_id.as_deref(),
+        rule: Label = s.rule.as_str(),
+        severity: Label = s.severity.as_str(),
+        status: Label = s.status.as_str(),
+        metric: Label = s.metric.as_str(),
+        value: OptF64 = s.value,
+        threshold: OptF64 = s.threshold,
+        starts_at: OtherTimestamp = s.starts_at_us,
+    }
+);
+
+fn schema_of(fields: Vec<Field>) -> SchemaRef {
+    Arc::new(Schema::new(fields))
+}
+
+static GPU: LazyLock<SchemaRef> = LazyLock::new(|| schema_of(GpuRows::fields()));
+static NODE: LazyLock<SchemaRef> = LazyLock::new(|| schema_of(NodeRows::fields()));
+static IB: LazyLock<SchemaRef> = LazyLock::new(|| schema_of(IbRows::fields()));
+static EVENT: LazyLock<SchemaRef> = LazyLock::new(|| schema_of(EventRows::fields()));
+static GPU_PROCESS: LazyLock<SchemaRef> = LazyLock::new(|| schema_of(GpuProcessRows::fields()));
+static JOB: LazyLock<SchemaRef> = LazyLock::new(|| schema_of(JobRows::fields()));
+static ALERT: LazyLock<SchemaRef> = LazyLock::new(|| schema_of(AlertRows::fields()));
 
 /// A schema as stable text, one column a line: `name: type[ not null]`.
 /// This is the format of the golden files.

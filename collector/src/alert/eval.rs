@@ -12,6 +12,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use gputel_proto::{EventKind, GpuEvent, GpuSample};
 use serde::{Deserialize, Serialize};
 
 use super::rules::{Condition, Metric, Rule, RuleSet};
@@ -151,37 +152,15 @@ impl Tracker {
     }
 }
 
-/// One GPU at one tick, as far as the rules care.
-#[derive(Debug, Clone, PartialEq)]
-pub struct GpuReading {
-    pub ts_us: i64,
-    pub gpu: u32,
-    pub uuid: String,
-    pub model: String,
-    pub temperature_c: Option<u32>,
-    pub memory_temperature_c: Option<u32>,
-    pub power_mw: Option<u32>,
-    pub power_limit_mw: Option<u32>,
-    pub clock_event_reasons: Option<u64>,
-    pub job_id: Option<String>,
-}
-
-/// An XID event.
-#[derive(Debug, Clone, PartialEq)]
-pub struct XidReading {
-    pub ts_us: i64,
-    pub gpu: u32,
-    pub uuid: String,
-    pub xid: u64,
-    pub job_id: Option<String>,
-}
-
-/// What the rules see of one accepted batch.
+/// What the rules see of one accepted batch: its GPU rows and XID events,
+/// as the protocol carries them (the rules read the same typed rows the
+/// `gpu` and `event` tables are built from).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct AlertInput {
     pub node: String,
-    pub gpus: Vec<GpuReading>,
-    pub xids: Vec<XidReading>,
+    pub gpus: Vec<GpuSample>,
+    /// The batch's events of kind XID; `code` is the XID.
+    pub xids: Vec<GpuEvent>,
 }
 
 impl AlertInput {
@@ -189,33 +168,12 @@ impl AlertInput {
     pub fn from_batch(node: &str, batch: &gputel_proto::Batch) -> AlertInput {
         AlertInput {
             node: node.to_owned(),
-            gpus: batch
-                .gpu
-                .iter()
-                .map(|s| GpuReading {
-                    ts_us: s.ts_us,
-                    gpu: s.gpu,
-                    uuid: s.uuid.clone(),
-                    model: s.model.clone(),
-                    temperature_c: s.temperature_c,
-                    memory_temperature_c: s.memory_temperature_c,
-                    power_mw: s.power_mw,
-                    power_limit_mw: s.power_limit_mw,
-                    clock_event_reasons: s.clock_event_reasons,
-                    job_id: s.job_id.clone(),
-                })
-                .collect(),
+            gpus: batch.gpu.clone(),
             xids: batch
                 .event
                 .iter()
-                .filter(|e| e.kind() == gputel_proto::EventKind::Xid)
-                .map(|e| XidReading {
-                    ts_us: e.ts_us,
-                    gpu: e.gpu,
-                    uuid: e.uuid.clone(),
-                    xid: e.code,
-                    job_id: e.job_id.clone(),
-                })
+                .filter(|e| e.kind() == EventKind::Xid)
+                .cloned()
                 .collect(),
         }
     }
@@ -335,7 +293,7 @@ impl Evaluator {
     /// Feeds one batch's readings; returns what changed, in sample order per alert.
     pub fn observe(&mut self, input: &AlertInput) -> Vec<Transition> {
         let mut out = Vec::new();
-        let mut gpus: Vec<&GpuReading> = input.gpus.iter().collect();
+        let mut gpus: Vec<&GpuSample> = input.gpus.iter().collect();
         gpus.sort_by_key(|g| (g.ts_us, g.gpu));
         for g in &gpus {
             self.gpus.insert(
@@ -348,7 +306,7 @@ impl Evaluator {
             match &rule.condition {
                 Condition::Xid { codes, clear_after } => {
                     for x in &input.xids {
-                        if codes.is_empty() || codes.contains(&x.xid) {
+                        if codes.is_empty() || codes.contains(&x.code) {
                             let (model, job) = self
                                 .gpus
                                 .get(&(input.node.clone(), x.gpu))
@@ -360,7 +318,7 @@ impl Evaluator {
                                 uuid: Some(&x.uuid),
                                 model: model.as_deref(),
                                 job_id: x.job_id.as_deref().or(job.as_deref()),
-                                value: Some(x.xid as f64),
+                                value: Some(x.code as f64),
                                 threshold: None,
                             };
                             self.step(
@@ -540,7 +498,7 @@ struct Point<'a> {
 }
 
 impl<'a> Point<'a> {
-    fn of(g: &'a GpuReading, value: Option<f64>, threshold: Option<f64>) -> Point<'a> {
+    fn of(g: &'a GpuSample, value: Option<f64>, threshold: Option<f64>) -> Point<'a> {
         Point {
             ts_us: g.ts_us,
             gpu: Some(g.gpu),
@@ -555,7 +513,7 @@ impl<'a> Point<'a> {
 
 /// A GPU's value of a per-GPU numeric metric (percent of the power limit
 /// when `relative`); None when not measured.
-fn gpu_value(metric: Metric, g: &GpuReading, relative: bool) -> Option<f64> {
+fn gpu_value(metric: Metric, g: &GpuSample, relative: bool) -> Option<f64> {
     match metric {
         Metric::Temperature => g.temperature_c.map(f64::from),
         Metric::MemoryTemperature => g.memory_temperature_c.map(f64::from),
@@ -578,7 +536,7 @@ struct NodeTick {
 
 /// Sums each tick's GPU power (GPUs of one tick share its timestamp);
 /// relative: as percent of the sum of the same GPUs' limits.
-fn node_ticks(gpus: &[&GpuReading], relative: bool) -> Vec<NodeTick> {
+fn node_ticks(gpus: &[&GpuSample], relative: bool) -> Vec<NodeTick> {
     let mut ticks: BTreeMap<i64, (u64, u64, bool, Vec<&str>)> = BTreeMap::new();
     for g in gpus {
         let t = ticks.entry(g.ts_us).or_default();
@@ -736,8 +694,8 @@ mod tests {
         assert!(matches!(t.phase, Phase::Firing { .. }));
     }
 
-    fn reading(ts_s: i64, gpu: u32, temp: u32, power_w: u32, limit_w: u32) -> GpuReading {
-        GpuReading {
+    fn reading(ts_s: i64, gpu: u32, temp: u32, power_w: u32, limit_w: u32) -> GpuSample {
+        GpuSample {
             ts_us: T0 + ts_s * S,
             gpu,
             uuid: format!("GPU-{gpu}"),
@@ -748,10 +706,11 @@ mod tests {
             power_limit_mw: Some(limit_w * 1000),
             clock_event_reasons: Some(0),
             job_id: Some(format!("job{gpu}")),
+            ..Default::default()
         }
     }
 
-    fn input(gpus: Vec<GpuReading>) -> AlertInput {
+    fn input(gpus: Vec<GpuSample>) -> AlertInput {
         AlertInput {
             node: "n1".into(),
             gpus,
@@ -870,12 +829,13 @@ mod tests {
         let rule =
             "[[rule]]\nname = \"Xid\"\nmetric = \"xid\"\ncodes = [79]\nclear-after = \"10s\"\n";
         let mut e = Evaluator::new(&rules(rule), BTreeMap::new());
-        let xid = |ts_s: i64, code| XidReading {
+        let xid = |ts_s: i64, code| GpuEvent {
             ts_us: T0 + ts_s * S,
             gpu: 2,
             uuid: "GPU-2".into(),
-            xid: code,
-            job_id: None,
+            kind: EventKind::Xid as i32,
+            code,
+            ..Default::default()
         };
         let mut batch = input(vec![reading(0, 2, 50, 300, 700)]);
         batch.xids = vec![xid(0, 31)];

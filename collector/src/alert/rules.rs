@@ -7,6 +7,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use gputel_proto::clock_event_reasons as reason;
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -180,21 +181,6 @@ pub enum Condition {
     /// Breached while any of the `mask` bits is set in the clock event reasons.
     Throttle { mask: u64 },
 }
-
-/// nvmlClocksEventReason* bits by the names of the `gpu` table's columns.
-pub const REASONS: [(&str, u64); 7] = [
-    ("gpu_idle", 0x1),
-    ("sw_power_cap", 0x4),
-    ("hw_slowdown", 0x8),
-    ("sync_boost", 0x10),
-    ("sw_thermal", 0x20),
-    ("hw_thermal", 0x40),
-    ("hw_power_brake", 0x80),
-];
-/// The reasons `thermal_throttle` watches unless a rule names others.
-pub const THERMAL_REASONS: u64 = 0x20 | 0x40;
-/// The reasons `power_throttle` watches unless a rule names others.
-pub const POWER_REASONS: u64 = 0x4 | 0x80;
 
 /// Why a rules file was refused.
 #[derive(Debug, thiserror::Error)]
@@ -535,17 +521,17 @@ fn check_rule(at: &Locator<'_>, raw: RawRule) -> Result<Rule, RulesError> {
             )?;
             not_for("clear-after", span(&raw.clear_after), "use clear-for")?;
             let mask = match &raw.reasons {
-                None if metric == Metric::ThermalThrottle => THERMAL_REASONS,
-                None => POWER_REASONS,
+                None if metric == Metric::ThermalThrottle => reason::THERMAL,
+                None => reason::POWER,
                 Some(list) => {
                     let mut mask = 0;
                     for reason in list.get_ref() {
-                        let bit = REASONS
+                        let bit = reason::NAMED
                             .iter()
                             .find(|(n, _)| n == reason)
                             .map(|(_, b)| *b)
                             .ok_or_else(|| {
-                                let known: Vec<_> = REASONS.iter().map(|(n, _)| *n).collect();
+                                let known: Vec<_> = reason::NAMED.iter().map(|(n, _)| *n).collect();
                                 at.at(
                                     list,
                                     &name,

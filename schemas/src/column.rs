@@ -1,0 +1,436 @@
+//! Column kinds: what one kind of column is in Arrow (its field), what values
+//! of it the collector accepts (its check), and how a value is appended to
+//! its builder. The table declarations in [`crate::tables`] name a kind per
+//! column, so a column's type, its validation and its builder cannot drift
+//! apart.
+
+use std::sync::Arc;
+
+use arrow_array::ArrayRef;
+use arrow_array::builder::{
+    ArrayBuilder, BooleanBuilder, Float32Builder, Float64Builder, Int32Builder, Int64Builder,
+    ListBuilder, StringBuilder, StringDictionaryBuilder, TimestampMicrosecondBuilder,
+};
+use arrow_array::types::Int32Type;
+use arrow_schema::{DataType, Field, TimeUnit};
+use gputel_proto::EventKind;
+
+/// Longest string value accepted in a row (UUIDs, model names, port states).
+pub const MAX_VALUE_BYTES: usize = 256;
+/// Longest free text accepted (an event's detail).
+pub const MAX_DETAIL_BYTES: usize = 1024;
+/// Earliest accepted sample time: 2000-01-01T00:00:00Z. Older means a dead RTC.
+pub const MIN_TS_US: i64 = 946_684_800_000_000;
+/// How far ahead of the collector's clock a sample may be: one day.
+pub const MAX_FUTURE_US: i64 = 24 * 3600 * 1_000_000;
+
+/// Why one value of one row was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ColumnError {
+    #[error(
+        "{table} row {row}: timestamp {ts_us} µs is outside the accepted window (2000-01-01 to one day after the collector's clock); check the node's clock"
+    )]
+    Timestamp {
+        table: &'static str,
+        row: usize,
+        ts_us: i64,
+    },
+    #[error("{table} row {row}: {field} is longer than {max} bytes")]
+    TooLong {
+        table: &'static str,
+        row: usize,
+        field: &'static str,
+        max: usize,
+    },
+    #[error("{table} row {row}: {field} is {reason}")]
+    Field {
+        table: &'static str,
+        row: usize,
+        field: &'static str,
+        reason: &'static str,
+    },
+}
+
+/// The row being checked: where it is, for messages, and the collector's
+/// clock, for the timestamp window.
+#[derive(Debug, Clone, Copy)]
+pub struct RowContext {
+    pub table: &'static str,
+    pub row: usize,
+    pub now_us: i64,
+}
+
+impl RowContext {
+    fn fail(self, field: &'static str, reason: &'static str) -> ColumnError {
+        ColumnError::Field {
+            table: self.table,
+            row: self.row,
+            field,
+            reason,
+        }
+    }
+
+    fn text(self, field: &'static str, v: &str, max: usize) -> Result<(), ColumnError> {
+        if v.len() > max {
+            Err(ColumnError::TooLong {
+                table: self.table,
+                row: self.row,
+                field,
+                max,
+            })
+        } else if v.chars().any(char::is_control) {
+            Err(self.fail(field, "holding control characters"))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn int32(self, field: &'static str, v: u32) -> Result<(), ColumnError> {
+        if v > i32::MAX as u32 {
+            Err(self.fail(field, "larger than 2^31-1"))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn int64(self, field: &'static str, v: u64) -> Result<(), ColumnError> {
+        if v > i64::MAX as u64 {
+            Err(self.fail(field, "larger than 2^63-1"))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn finite(self, field: &'static str, v: f64) -> Result<(), ColumnError> {
+        if v.is_finite() {
+            Ok(())
+        } else {
+            Err(self.fail(field, "not a finite number"))
+        }
+    }
+}
+
+/// One kind of column. `Value` is what a row gives it; the check runs on
+/// every row an agent sends, before the row reaches a builder.
+pub trait ColumnKind {
+    /// A row's value of this column.
+    type Value<'a>: Copy;
+    /// The Arrow builder the values go to.
+    type Builder: Default;
+    /// The column's Arrow field.
+    fn field(name: &'static str) -> Field;
+    /// Whether the value can be stored; the message names the row and column.
+    fn check(
+        _row: RowContext,
+        _name: &'static str,
+        _v: Self::Value<'_>,
+    ) -> Result<(), ColumnError> {
+        Ok(())
+    }
+    /// Appends a value that passed [`ColumnKind::check`].
+    fn put(builder: &mut Self::Builder, v: Self::Value<'_>);
+    /// The values appended so far, as an array; the builder starts over.
+    fn finish(builder: &mut Self::Builder) -> ArrayRef;
+}
+
+/// Arrow's type for every timestamp: microseconds, UTC, which DuckDB reads as
+/// `TIMESTAMPTZ`.
+pub fn timestamp_type() -> DataType {
+    DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
+}
+
+/// Sample time, µs since the Unix epoch; checked against the accepted window.
+#[derive(Debug)]
+pub enum Timestamp {}
+
+/// A timestamp that is not the row's sample time (no window check).
+#[derive(Debug)]
+pub enum OtherTimestamp {}
+
+/// Builds UTC timestamps.
+#[derive(Debug)]
+pub struct TimestampBuilder(TimestampMicrosecondBuilder);
+
+impl Default for TimestampBuilder {
+    fn default() -> Self {
+        TimestampBuilder(TimestampMicrosecondBuilder::new().with_timezone("UTC"))
+    }
+}
+
+impl ColumnKind for Timestamp {
+    type Value<'a> = i64;
+    type Builder = TimestampBuilder;
+    fn field(name: &'static str) -> Field {
+        Field::new(name, timestamp_type(), false)
+    }
+    fn check(row: RowContext, _name: &'static str, ts_us: i64) -> Result<(), ColumnError> {
+        if ts_us < MIN_TS_US || ts_us > row.now_us.saturating_add(MAX_FUTURE_US) {
+            return Err(ColumnError::Timestamp {
+                table: row.table,
+                row: row.row,
+                ts_us,
+            });
+        }
+        Ok(())
+    }
+    fn put(builder: &mut TimestampBuilder, v: i64) {
+        builder.0.append_value(v);
+    }
+    fn finish(builder: &mut TimestampBuilder) -> ArrayRef {
+        Arc::new(builder.0.finish())
+    }
+}
+
+impl ColumnKind for OtherTimestamp {
+    type Value<'a> = i64;
+    type Builder = TimestampBuilder;
+    fn field(name: &'static str) -> Field {
+        Timestamp::field(name)
+    }
+    fn put(builder: &mut TimestampBuilder, v: i64) {
+        Timestamp::put(builder, v);
+    }
+    fn finish(builder: &mut TimestampBuilder) -> ArrayRef {
+        Timestamp::finish(builder)
+    }
+}
+
+type Dictionary = StringDictionaryBuilder<Int32Type>;
+
+fn dictionary_field(name: &'static str, nullable: bool) -> Field {
+    Field::new_dictionary(name, DataType::Int32, DataType::Utf8, nullable)
+}
+
+/// A short string, dictionary-encoded (names, ids, states).
+#[derive(Debug)]
+pub enum Label {}
+
+/// A short string that may be absent (a job id).
+#[derive(Debug)]
+pub enum OptLabel {}
+
+impl ColumnKind for Label {
+    type Value<'a> = &'a str;
+    type Builder = Dictionary;
+    fn field(name: &'static str) -> Field {
+        dictionary_field(name, false)
+    }
+    fn check(row: RowContext, name: &'static str, v: &str) -> Result<(), ColumnError> {
+        row.text(name, v, MAX_VALUE_BYTES)
+    }
+    fn put(builder: &mut Dictionary, v: &str) {
+        builder.append_value(v);
+    }
+    fn finish(builder: &mut Dictionary) -> ArrayRef {
+        ArrayBuilder::finish(builder)
+    }
+}
+
+impl ColumnKind for OptLabel {
+    type Value<'a> = Option<&'a str>;
+    type Builder = Dictionary;
+    fn field(name: &'static str) -> Field {
+        dictionary_field(name, true)
+    }
+    fn check(row: RowContext, name: &'static str, v: Option<&str>) -> Result<(), ColumnError> {
+        v.map_or(Ok(()), |v| row.text(name, v, MAX_VALUE_BYTES))
+    }
+    fn put(builder: &mut Dictionary, v: Option<&str>) {
+        builder.append_option(v);
+    }
+    fn finish(builder: &mut Dictionary) -> ArrayRef {
+        ArrayBuilder::finish(builder)
+    }
+}
+
+/// Free text of up to [`MAX_DETAIL_BYTES`], not dictionary-encoded.
+#[derive(Debug)]
+pub enum Text {}
+
+impl ColumnKind for Text {
+    type Value<'a> = &'a str;
+    type Builder = StringBuilder;
+    fn field(name: &'static str) -> Field {
+        Field::new(name, DataType::Utf8, false)
+    }
+    fn check(row: RowContext, name: &'static str, v: &str) -> Result<(), ColumnError> {
+        row.text(name, v, MAX_DETAIL_BYTES)
+    }
+    fn put(builder: &mut StringBuilder, v: &str) {
+        builder.append_value(v);
+    }
+    fn finish(builder: &mut StringBuilder) -> ArrayRef {
+        ArrayBuilder::finish(builder)
+    }
+}
+
+/// A list of short strings whose items are never null (a node's jobs).
+#[derive(Debug)]
+pub enum LabelList {}
+
+/// Builds lists of non-null strings, as [`LabelList`] declares them.
+#[derive(Debug)]
+pub struct LabelListBuilder(ListBuilder<StringBuilder>);
+
+impl Default for LabelListBuilder {
+    fn default() -> Self {
+        LabelListBuilder(
+            ListBuilder::new(StringBuilder::new())
+                .with_field(Field::new_list_field(DataType::Utf8, false)),
+        )
+    }
+}
+
+impl ColumnKind for LabelList {
+    type Value<'a> = &'a [String];
+    type Builder = LabelListBuilder;
+    fn field(name: &'static str) -> Field {
+        Field::new(
+            name,
+            DataType::List(Arc::new(Field::new_list_field(DataType::Utf8, false))),
+            false,
+        )
+    }
+    fn check(row: RowContext, name: &'static str, v: &[String]) -> Result<(), ColumnError> {
+        v.iter()
+            .try_for_each(|item| row.text(name, item, MAX_VALUE_BYTES))
+    }
+    fn put(builder: &mut LabelListBuilder, v: &[String]) {
+        for item in v {
+            builder.0.values().append_value(item);
+        }
+        builder.0.append(true);
+    }
+    fn finish(builder: &mut LabelListBuilder) -> ArrayRef {
+        Arc::new(builder.0.finish())
+    }
+}
+
+/// Declares integer and float kinds: `Kind(value type) => Arrow type, builder,
+/// nullable, check, conversion to the stored type`.
+macro_rules! number_kind {
+    ($(#[$doc:meta])* $kind:ident($value:ty) => $data_type:expr, $builder:ty, nullable: $nullable:literal,
+     check: |$row:ident, $name:ident, $v:ident| $check:expr, store: |$s:ident| $store:expr) => {
+        $(#[$doc])*
+        #[derive(Debug)]
+        pub enum $kind {}
+
+        impl ColumnKind for $kind {
+            type Value<'a> = $value;
+            type Builder = $builder;
+            fn field(name: &'static str) -> Field {
+                Field::new(name, $data_type, $nullable)
+            }
+            fn check($row: RowContext, $name: &'static str, $v: $value) -> Result<(), ColumnError> {
+                $check
+            }
+            fn put(builder: &mut $builder, $s: $value) {
+                builder.append_option($store);
+            }
+            fn finish(builder: &mut $builder) -> ArrayRef {
+                ArrayBuilder::finish(builder)
+            }
+        }
+    };
+}
+
+/// Validation keeps every stored integer within its column's range; these
+/// conversions only keep the types honest.
+fn to_i32(v: u32) -> i32 {
+    i32::try_from(v).unwrap_or(i32::MAX)
+}
+
+fn to_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+number_kind!(
+    /// An unsigned 32-bit value stored as INT32 (at most 2^31-1).
+    U32(u32) => DataType::Int32, Int32Builder, nullable: false,
+    check: |row, name, v| row.int32(name, v),
+    store: |v| Some(to_i32(v))
+);
+number_kind!(
+    /// An optional unsigned 32-bit value stored as INT32 (at most 2^31-1).
+    OptU32(Option<u32>) => DataType::Int32, Int32Builder, nullable: true,
+    check: |row, name, v| v.map_or(Ok(()), |v| row.int32(name, v)),
+    store: |v| v.map(to_i32)
+);
+number_kind!(
+    /// An optional unsigned 32-bit value stored as INT64 (milliwatts: no range to check).
+    OptU32Wide(Option<u32>) => DataType::Int64, Int64Builder, nullable: true,
+    check: |_row, _name, _v| Ok(()),
+    store: |v| v.map(i64::from)
+);
+number_kind!(
+    /// An unsigned 64-bit value stored as INT64 (at most 2^63-1).
+    U64(u64) => DataType::Int64, Int64Builder, nullable: false,
+    check: |row, name, v| row.int64(name, v),
+    store: |v| Some(to_i64(v))
+);
+number_kind!(
+    /// An optional unsigned 64-bit value stored as INT64 (at most 2^63-1).
+    OptU64(Option<u64>) => DataType::Int64, Int64Builder, nullable: true,
+    check: |row, name, v| v.map_or(Ok(()), |v| row.int64(name, v)),
+    store: |v| v.map(to_i64)
+);
+number_kind!(
+    /// A signed 64-bit count the collector computes itself.
+    I64(i64) => DataType::Int64, Int64Builder, nullable: false,
+    check: |_row, _name, _v| Ok(()),
+    store: |v| Some(v)
+);
+number_kind!(
+    /// An optional 32-bit float; NaN and infinities are refused.
+    OptF32(Option<f32>) => DataType::Float32, Float32Builder, nullable: true,
+    check: |row, name, v| v.map_or(Ok(()), |v| row.finite(name, f64::from(v))),
+    store: |v| v
+);
+number_kind!(
+    /// An optional 64-bit float; NaN and infinities are refused.
+    OptF64(Option<f64>) => DataType::Float64, Float64Builder, nullable: true,
+    check: |row, name, v| v.map_or(Ok(()), |v| row.finite(name, v)),
+    store: |v| v
+);
+number_kind!(
+    /// An optional flag.
+    OptBool(Option<bool>) => DataType::Boolean, BooleanBuilder, nullable: true,
+    check: |_row, _name, _v| Ok(()),
+    store: |v| v
+);
+
+/// An event's kind: a protocol enum on the wire, its name in the table.
+/// Only the kinds the protocol defines (not "unspecified") are accepted.
+#[derive(Debug)]
+pub enum EventKindName {}
+
+impl ColumnKind for EventKindName {
+    type Value<'a> = i32;
+    type Builder = Dictionary;
+    fn field(name: &'static str) -> Field {
+        dictionary_field(name, false)
+    }
+    fn check(row: RowContext, name: &'static str, v: i32) -> Result<(), ColumnError> {
+        match EventKind::try_from(v) {
+            Ok(
+                EventKind::Xid
+                | EventKind::GpuLost
+                | EventKind::ThermalThrottle
+                | EventKind::PowerThrottle,
+            ) => Ok(()),
+            _ => Err(row.fail(name, "not a known event kind")),
+        }
+    }
+    fn put(builder: &mut Dictionary, v: i32) {
+        builder.append_value(EventKind::try_from(v).map_or("unspecified", EventKind::name));
+    }
+    fn finish(builder: &mut Dictionary) -> ArrayRef {
+        ArrayBuilder::finish(builder)
+    }
+}
+
+/// Whether bit `mask` is set in an optional bitmask: the throttle columns
+/// split `clock_event_reasons` into one flag per reason.
+pub fn flag(bits: Option<u64>, mask: u64) -> Option<bool> {
+    bits.map(|b| b & mask != 0)
+}
