@@ -415,6 +415,114 @@ mod tests {
         }
     }
 
+    /// The builder a declaration makes fits the schema it makes, values land
+    /// in their own columns, and the derived throttle flags split the bits.
+    #[test]
+    fn declared_rows_build_the_declared_schema() {
+        use arrow_array::cast::AsArray;
+        use arrow_array::types::Int32Type;
+        use arrow_array::{Array, RecordBatch};
+
+        let sample = GpuSample {
+            ts_us: 1_795_240_800_000_000,
+            gpu: 3,
+            uuid: "GPU-3".into(),
+            model: "NVIDIA H100 80GB HBM3".into(),
+            temperature_c: Some(71),
+            clock_event_reasons: Some(reason::HW_THERMAL | reason::GPU_IDLE),
+            job_id: Some("4242".into()),
+            ..Default::default()
+        };
+        let mut rows = GpuRows::default();
+        rows.push("gpu-node-017", &sample);
+        rows.push(
+            "gpu-node-017",
+            &GpuSample {
+                gpu: 4,
+                ..sample.clone()
+            },
+        );
+        let batch = RecordBatch::try_new(Table::Gpu.schema(), rows.finish())
+            .expect("builders match the schema");
+        assert_eq!(batch.num_rows(), 2);
+        let column = |name: &str| batch.column_by_name(name).expect(name).clone();
+        assert_eq!(column("gpu").as_primitive::<Int32Type>().values(), &[3, 4]);
+        assert_eq!(
+            column("temperature_c").as_primitive::<Int32Type>().value(0),
+            71
+        );
+        assert!(column("memory_temperature_c").is_null(0));
+        let flag = |name: &str| column(name).as_boolean().value(0);
+        assert!(flag("throttle_hw_thermal") && flag("throttle_gpu_idle"));
+        assert!(!flag("throttle_sw_thermal") && !flag("throttle_sw_power_cap"));
+        // A finished builder starts over.
+        assert!(rows.finish().iter().all(|c| c.is_empty()));
+    }
+
+    /// Each declared column checks its own values, and the message names the
+    /// table, the row and the column.
+    #[test]
+    fn declared_checks_name_row_and_column() {
+        let now_us = 1_795_240_800_000_000;
+        let row = RowContext {
+            table: "gpu",
+            row: 7,
+            now_us,
+        };
+        let good = GpuSample {
+            ts_us: now_us,
+            uuid: "GPU-1".into(),
+            model: "NVIDIA A100-SXM4-80GB".into(),
+            ..Default::default()
+        };
+        assert_eq!(GpuRows::check(row, "n1", &good), Ok(()));
+        let fails = |bad: GpuSample| {
+            GpuRows::check(row, "n1", &bad)
+                .expect_err("refused")
+                .to_string()
+        };
+        assert_eq!(
+            fails(GpuSample {
+                sm_active_pct: Some(f32::INFINITY),
+                ..good.clone()
+            }),
+            "gpu row 7: sm_active_pct is not a finite number"
+        );
+        assert_eq!(
+            fails(GpuSample {
+                ecc_corrected_volatile: Some(u64::MAX),
+                ..good.clone()
+            }),
+            "gpu row 7: ecc_corrected_volatile is larger than 2^63-1"
+        );
+        assert_eq!(
+            fails(GpuSample {
+                job_id: Some("x".repeat(257)),
+                ..good.clone()
+            }),
+            "gpu row 7: job_id is longer than 256 bytes"
+        );
+        let event = GpuEvent {
+            ts_us: now_us,
+            uuid: "GPU-1".into(),
+            kind: 0,
+            ..Default::default()
+        };
+        assert_eq!(
+            EventRows::check(
+                RowContext {
+                    table: "event",
+                    ..row
+                },
+                "n1",
+                &event
+            )
+            .expect_err("unspecified kind")
+            .to_string(),
+            "event row 7: kind is not a known event kind"
+        );
+    }
+
     #[test]
     fn sort_keys_and_bloom_columns_exist_in_schemas() {
         for table in Table::ALL {
