@@ -28,8 +28,10 @@ SET VARIABLE store = coalesce(getvariable('store'), 'gputel-data');
 -- Every file of a table, partition columns from the path.
 CREATE OR REPLACE MACRO gputel_files(tbl) AS getvariable('store') || '/' || tbl || '/**/*.parquet';
 
+-- union_by_name: files written before a column was added lack it, and
+-- DuckDB would otherwise take the first file's columns for all of them.
 CREATE OR REPLACE MACRO gputel_scan(tbl) AS TABLE
-    FROM read_parquet(gputel_files(tbl), hive_partitioning = true,
+    FROM read_parquet(gputel_files(tbl), hive_partitioning = true, union_by_name = true,
                       hive_types = {'date': DATE, 'hour': INTEGER});
 
 -- Whether a table has any file. The views of the tables that may have none

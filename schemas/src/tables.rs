@@ -179,6 +179,7 @@ table!(
         sm_occupancy_pct: OptF32 = s.sm_occupancy_pct,
         tensor_active_pct: OptF32 = s.tensor_active_pct,
         dram_active_pct: OptF32 = s.dram_active_pct,
+        gr_engine_active_pct: OptF32 = s.gr_engine_active_pct,
         power_limit_mw: OptU32Wide = s.power_limit_mw,
         power_avg_mw: OptU32Wide = s.power_avg_mw,
         clock_event_reasons: OptU64 = s.clock_event_reasons,
