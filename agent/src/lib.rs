@@ -9,6 +9,7 @@
 //! its watchdog while the sampling loop makes progress.
 
 pub mod client;
+pub mod clock;
 pub mod config;
 pub mod jobs;
 pub mod metrics;

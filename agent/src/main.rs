@@ -245,7 +245,7 @@ fn main() -> anyhow::Result<()> {
 fn new_agent_id() -> String {
     let uuid = read_trimmed(std::path::Path::new("/proc/sys/kernel/random/uuid"));
     if uuid.is_empty() {
-        format!("{}-{}", std::process::id(), sampling::now_us())
+        format!("{}-{}", std::process::id(), gputel_agent::clock::now_us())
     } else {
         uuid
     }

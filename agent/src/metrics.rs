@@ -23,7 +23,7 @@ use prometheus::TextEncoder;
 use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
 use tracing::{info, warn};
 
-use crate::sampling::now_us;
+use crate::clock::now_us;
 
 /// The scrape path.
 pub const PATH: &str = "/metrics";

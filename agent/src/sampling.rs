@@ -4,11 +4,12 @@
 
 use std::collections::HashSet;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use gputel_proto::Batch;
 use tracing::{debug, info, warn};
 
+use crate::clock::{next_tick, now_us};
 use crate::config::Config;
 use crate::jobs::JobAttributor;
 use crate::sampler::gpu::{GpuOptions, GpuSampler, GpuUnavailable};
@@ -96,18 +97,6 @@ impl Samplers {
         }
         tick
     }
-}
-
-/// Wall-clock time in microseconds since the Unix epoch.
-pub fn now_us() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as i64)
-}
-
-/// The first multiple of `interval_us` strictly after `now_us`.
-pub fn next_tick(now_us: i64, interval_us: i64) -> i64 {
-    (now_us.div_euclid(interval_us) + 1) * interval_us
 }
 
 /// Samples at every tick until `stop` receives a message or is dropped, or

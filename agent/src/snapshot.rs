@@ -6,7 +6,8 @@ use std::time::Duration;
 use gputel_proto::{GpuEvent, GpuProcess, GpuSample, IbPortSample, NodeSample};
 use serde::Serialize;
 
-use crate::sampling::{Samplers, now_us};
+use crate::clock::now_us;
+use crate::sampling::Samplers;
 
 /// What `--once` prints.
 #[derive(Debug, Serialize)]

@@ -30,11 +30,11 @@ use chrono::{DateTime, NaiveDate};
 use futures::{StreamExt, TryStreamExt};
 use gputel_schemas::{PartitionKey, PartitionPath, Table};
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use object_store::{ObjectStore, ObjectStoreExt};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::errors::ParquetError;
 use tracing::{info, warn};
-use twox_hash::{XxHash3_128, XxHash64};
+use twox_hash::XxHash64;
 
 use crate::persist::{
     MAX_COMPACTED_FILE_ROWS, PersistError, compacted_properties, encode_with, off_runtime,
@@ -42,10 +42,11 @@ use crate::persist::{
 };
 use crate::store::{self, Store};
 
+pub use crate::marker::{MARKER_EXTENSION, marker_path};
+use crate::marker::{hash_hex, merged_into};
+
 /// Stem prefix of compacted files.
 pub const COMPACTED_PREFIX: &str = "c-";
-/// Extension of the marker left for each merged file.
-pub const MARKER_EXTENSION: &str = "compacted";
 /// Directory under a local store's root where new hour directories are
 /// built and old ones wait for deletion; no table's glob reaches it.
 pub const STAGING_DIR: &str = ".compacting";
@@ -222,45 +223,6 @@ pub async fn maintain(
         None => CompactReport::default(),
     };
     Ok((compacted, deleted))
-}
-
-/// The marker of a merged file: `<table>/date=…/hour=…/<stem>.compacted`.
-pub fn marker_path(path: &PartitionPath) -> ObjectPath {
-    ObjectPath::from(format!(
-        "{}/{}/{}.{MARKER_EXTENSION}",
-        path.table().name(),
-        path.key(),
-        path.stem()
-    ))
-}
-
-fn hash_hex(bytes: &[u8]) -> String {
-    format!("{:032x}", XxHash3_128::oneshot(bytes))
-}
-
-/// Whether `payload` for `path` is exactly a file that compaction already
-/// merged (so writing it again would duplicate its rows).
-pub(crate) async fn already_compacted(
-    store: &dyn ObjectStore,
-    path: &PartitionPath,
-    payload: &PutPayload,
-) -> object_store::Result<bool> {
-    let marker = match store.get(&marker_path(path)).await {
-        Ok(got) => got.bytes().await?,
-        Err(object_store::Error::NotFound { .. }) => return Ok(false),
-        Err(e) => return Err(e),
-    };
-    let bytes: Vec<u8> = payload.iter().flat_map(|b| b.iter().copied()).collect();
-    if merged_into(&marker, &hash_hex(&bytes)).is_some() {
-        info!(file = %path, "already merged into a compacted file; not written again");
-        return Ok(true);
-    }
-    warn!(
-        file = %path,
-        "a file of a compacted hour is written again with other rows (a log replay after a \
-         crash); rows it shares with the compacted file are now stored twice"
-    );
-    Ok(false)
 }
 
 /// One file to merge.
@@ -561,14 +523,6 @@ async fn read(store: &dyn ObjectStore, name: &str) -> Result<Bytes, CompactError
         .bytes()
         .await
         .map_err(err)
-}
-
-/// The compacted file a marker names, when the marker is for bytes hashing
-/// to `hash`.
-fn merged_into<'a>(marker: &'a [u8], hash: &str) -> Option<&'a str> {
-    let text = std::str::from_utf8(marker).ok()?;
-    let (marked, output) = text.split_once(' ')?;
-    (marked == hash).then_some(output.trim())
 }
 
 /// The batches of one file, or None when its schema is not the table's.

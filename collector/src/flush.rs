@@ -13,9 +13,9 @@ use object_store::ObjectStore;
 use tokio::sync::watch;
 use tracing::{error, info};
 
-use crate::ingest::Shared;
 use crate::persist::{PersistError, write_file};
 use crate::wal::WalError;
+use crate::write::WritePath;
 
 /// Why a flush did not complete; it is retried.
 #[derive(Debug, thiserror::Error)]
@@ -47,13 +47,13 @@ pub struct FlushReport {
 /// Owns the object store and the queue of files not yet written.
 #[derive(Debug)]
 pub struct Flusher {
-    shared: Arc<Shared>,
+    shared: Arc<WritePath>,
     store: Arc<dyn ObjectStore>,
     queue: VecDeque<FlushUnit>,
 }
 
 impl Flusher {
-    pub fn new(shared: Arc<Shared>, store: Arc<dyn ObjectStore>) -> Self {
+    pub fn new(shared: Arc<WritePath>, store: Arc<dyn ObjectStore>) -> Self {
         Self {
             shared,
             store,

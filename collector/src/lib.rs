@@ -1,8 +1,9 @@
 //! gputel collector: receives agent streams over gRPC and writes
 //! hive-partitioned Parquet through `object_store`.
 //!
-//! Data flow: [`ingest`] (validate, deduplicate) → [`buffer`] (Arrow builders
-//! per table and partition) → [`flush`] (timer, size, shutdown) →
+//! Data flow: [`ingest`] (gRPC sessions, validation) → [`write`] (dedupe,
+//! write-ahead log, acks once synced) → [`buffer`] (Arrow builders per table
+//! and partition) → [`flush`] (timer, size, shutdown) →
 //! [`persist`] (sort, encode, put) → the store. [`import`] writes a
 //! scheduler's job trace to the same store (`gputel-collector import-jobs`).
 //! [`systemd`] tells the service manager when the collector is ready and
@@ -17,11 +18,13 @@ pub mod config;
 pub mod flush;
 pub mod import;
 pub mod ingest;
+pub mod marker;
 pub mod persist;
 pub mod store;
 pub mod systemd;
 pub mod validate;
 pub mod wal;
+pub mod write;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -40,7 +43,8 @@ use tracing::{info, warn};
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::flush::Flusher;
-use crate::ingest::{IngestService, Shared};
+use crate::ingest::IngestService;
+use crate::write::WritePath;
 
 /// How long streams get to close after the last flush before the server stops waiting.
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
@@ -155,7 +159,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
 /// alone this collector's files that its log has not released.
 async fn maintain(
     store: store::Store,
-    shared: Arc<Shared>,
+    shared: Arc<WritePath>,
     interval: Duration,
     flush_interval: Duration,
     retention: compact::Retention,
@@ -203,7 +207,7 @@ impl RunningAlerts {
 pub const COMPACT_GRACE: Duration = Duration::from_secs(5 * 60);
 
 /// Starts the alert rules on `shared`'s accepted batches, reloaded at SIGHUP.
-pub fn start_alerting(prepared: alert::PreparedAlerting, shared: &Arc<Shared>) -> RunningAlerts {
+pub fn start_alerting(prepared: alert::PreparedAlerting, shared: &Arc<WritePath>) -> RunningAlerts {
     let alerting = Arc::new(prepared.start(Arc::clone(shared)));
     let (stop_reload, stop_rx) = watch::channel(false);
     let reload = tokio::spawn(alert::reload_on_sighup(Arc::clone(&alerting), stop_rx));
@@ -226,7 +230,7 @@ pub struct ServeOptions {
     /// Mutual TLS; every agent must then show a certificate naming its node.
     pub tls: Option<ServerTlsConfig>,
     /// Where accepted batches go for the alert rules (see [`alert`]).
-    pub alert_sink: Option<tokio::sync::mpsc::Sender<alert::eval::AlertInput>>,
+    pub alert_sink: Option<tokio::sync::mpsc::Sender<write::AlertInput>>,
 }
 
 /// The server side of mutual TLS from PEM files.
@@ -258,7 +262,7 @@ pub async fn serve(
         source,
     })?;
     let replaying = !replayed.records.is_empty();
-    let shared = Arc::new(Shared::new(
+    let shared = Arc::new(WritePath::new(
         options.flush_rows,
         options.max_unwritten_rows,
         options.max_agent_rows_per_s,
@@ -319,7 +323,7 @@ pub async fn serve(
 #[derive(Debug)]
 pub struct Serving {
     addr: SocketAddr,
-    shared: Arc<Shared>,
+    shared: Arc<WritePath>,
     stop_flush: watch::Sender<bool>,
     close_streams: watch::Sender<bool>,
     server_stop: watch::Sender<bool>,
@@ -335,7 +339,7 @@ impl Serving {
     }
 
     /// State shared by the streams and the flush loop.
-    pub fn shared(&self) -> &Arc<Shared> {
+    pub fn shared(&self) -> &Arc<WritePath> {
         &self.shared
     }
 

@@ -2,7 +2,7 @@
 //! S3-compatible server), or another object_store URL.
 //!
 //! Every store is wrapped so that a flushed file whose rows are already in a
-//! compacted file is not written a second time (see [`crate::compact`]), and
+//! compacted file is not written a second time (see [`crate::marker`]), and
 //! a local store's writes exclude its compaction's directory swaps through a
 //! lock file.
 
@@ -26,7 +26,7 @@ use object_store::{
     RetryConfig,
 };
 
-use crate::compact;
+use crate::marker;
 
 /// The lock file of a local store, at its root: writers hold it shared,
 /// compaction and retention exclusively while they swap directories.
@@ -284,7 +284,7 @@ impl ObjectStore for Guarded {
             }
             None => None,
         };
-        if compact::already_compacted(self.inner.as_ref(), &path, &payload).await? {
+        if marker::already_compacted(self.inner.as_ref(), &path, &payload).await? {
             return Ok(PutResult {
                 e_tag: None,
                 version: None,

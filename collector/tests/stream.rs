@@ -15,7 +15,7 @@ use arrow_array::types::{Int32Type, TimestampMicrosecondType};
 use gputel_collector::ServeOptions;
 use gputel_collector::Serving;
 use gputel_collector::clock::Clock;
-use gputel_collector::ingest::Shared;
+use gputel_collector::write::WritePath;
 use gputel_proto::v1::telemetry_client::TelemetryClient;
 use gputel_proto::v1::{Ack, Reject, Welcome};
 use gputel_proto::{
@@ -61,7 +61,7 @@ async fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
 struct Collector {
     serving: Serving,
     dir: TempDir,
-    shared: Arc<Shared>,
+    shared: Arc<WritePath>,
     /// The collector's clock, microseconds since the epoch.
     now: Arc<AtomicI64>,
 }

@@ -29,7 +29,8 @@ use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper::{Device, Nvml};
 use tracing::{debug, info, warn};
 
-use crate::sampling::now_us;
+use crate::clock::now_us;
+use gputel_proto::clock_event_reasons as reason;
 
 /// The library NVML ships as, found through the dynamic loader's search path.
 pub const DEFAULT_NVML_LIB: &str = "libnvidia-ml.so.1";
@@ -89,10 +90,6 @@ const GPM_METRICS: [GpmMetricId; 4] = [
     GpmMetricId::AnyTensorUtil,
     GpmMetricId::DramBwUtil,
 ];
-
-/// nvmlClocksEventReason bits that start a thermal or a power throttling episode.
-const THERMAL_REASONS: u64 = 0x20 | 0x40;
-const POWER_REASONS: u64 = 0x4 | 0x80;
 
 /// How long the XID thread blocks in one wait before it checks for shutdown.
 const XID_WAIT_MS: u32 = 500;
@@ -314,7 +311,7 @@ impl GpuSampler {
         let list_processes = ts_us >= self.next_process_ts;
         self.processes_listed = list_processes;
         if list_processes {
-            self.next_process_ts = crate::sampling::next_tick(ts_us, self.process_interval_us);
+            self.next_process_ts = crate::clock::next_tick(ts_us, self.process_interval_us);
         }
         for gpu in &mut self.gpus {
             let mut read = Reader {
@@ -551,8 +548,8 @@ fn sample_device(
     if let Some(now_bits) = reasons {
         let started = now_bits & !gpu.prev_reasons.unwrap_or(0);
         for (mask, kind) in [
-            (THERMAL_REASONS, EventKind::ThermalThrottle),
-            (POWER_REASONS, EventKind::PowerThrottle),
+            (reason::THERMAL, EventKind::ThermalThrottle),
+            (reason::POWER, EventKind::PowerThrottle),
         ] {
             if started & mask != 0 && gpu.prev_reasons.is_some() {
                 events.push(GpuEvent {

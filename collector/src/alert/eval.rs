@@ -12,10 +12,11 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use gputel_proto::{EventKind, GpuEvent, GpuSample};
+use gputel_proto::GpuSample;
 use serde::{Deserialize, Serialize};
 
 use super::rules::{Condition, Metric, Rule, RuleSet};
+use crate::write::AlertInput;
 
 /// What one sample says about a rule's condition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,33 +150,6 @@ impl Tracker {
         Some(Change::Firing {
             starts_at_us: ts_us,
         })
-    }
-}
-
-/// What the rules see of one accepted batch: its GPU rows and XID events,
-/// as the protocol carries them (the rules read the same typed rows the
-/// `gpu` and `event` tables are built from).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct AlertInput {
-    pub node: String,
-    pub gpus: Vec<GpuSample>,
-    /// The batch's events of kind XID; `code` is the XID.
-    pub xids: Vec<GpuEvent>,
-}
-
-impl AlertInput {
-    /// The readings of a batch from `node`.
-    pub fn from_batch(node: &str, batch: &gputel_proto::Batch) -> AlertInput {
-        AlertInput {
-            node: node.to_owned(),
-            gpus: batch.gpu.clone(),
-            xids: batch
-                .event
-                .iter()
-                .filter(|e| e.kind() == EventKind::Xid)
-                .cloned()
-                .collect(),
-        }
     }
 }
 
@@ -576,6 +550,7 @@ fn node_ticks(gpus: &[&GpuSample], relative: bool) -> Vec<NodeTick> {
 mod tests {
     use super::*;
     use crate::alert::rules::parse;
+    use gputel_proto::{EventKind, GpuEvent};
 
     const S: i64 = 1_000_000;
     const T0: i64 = 1_795_240_800_000_000;

@@ -25,8 +25,9 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tracing::{error, info, warn};
 
-use crate::ingest::Shared;
-use eval::{AlertInput, AlertKey, Change, Evaluator, Phase, Tracked, Transition};
+use crate::write::AlertInput;
+use crate::write::WritePath;
+use eval::{AlertKey, Change, Evaluator, Phase, Tracked, Transition};
 use notify::{AmAlert, Notifier, NotifyError, rfc3339_us};
 use rules::{Condition, Rule, RuleSet, RulesError};
 
@@ -92,7 +93,7 @@ impl PreparedAlerting {
     }
 
     /// Starts evaluating what the sink receives; rows go to `shared`.
-    pub fn start(self, shared: Arc<Shared>) -> Alerting {
+    pub fn start(self, shared: Arc<WritePath>) -> Alerting {
         let (rules_tx, rules_rx) = mpsc::channel(4);
         let (stop, stop_rx) = watch::channel(false);
         let mut task = AlertTask {
@@ -142,7 +143,7 @@ impl Alerting {
     }
 
     /// Prepares and starts alerting on `shared`, connecting its ingest.
-    pub fn start(config: AlertConfig, shared: Arc<Shared>) -> Result<Alerting, AlertError> {
+    pub fn start(config: AlertConfig, shared: Arc<WritePath>) -> Result<Alerting, AlertError> {
         let prepared = Alerting::prepare(config)?;
         shared.set_alert_sink(prepared.sink());
         Ok(prepared.start(shared))
@@ -266,7 +267,7 @@ fn save_state(path: &Path, states: &BTreeMap<AlertKey, Tracked>) -> std::io::Res
 struct AlertTask {
     evaluator: Evaluator,
     notifier: Notifier,
-    shared: Arc<Shared>,
+    shared: Arc<WritePath>,
     state_file: PathBuf,
     resend_interval: Duration,
     /// Pending changes not yet saved.

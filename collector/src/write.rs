@@ -1,0 +1,570 @@
+//! The write path: everything between a validated batch and the persister.
+//! Drops sequences already received, appends the rest to the write-ahead log
+//! and the write buffer, acknowledges them once the log is synced to disk,
+//! logs the collector's own alert rows the same way, and hands accepted
+//! batches to the alert rules. The gRPC sessions (`ingest`) call it; the
+//! flush loop takes what it holds.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use gputel_proto::{Batch, EventKind, GpuEvent, GpuSample};
+use tokio::sync::{Notify, mpsc, watch};
+use tracing::{debug, error, warn};
+
+use crate::buffer::WriteBuffer;
+use crate::clock::Clock;
+use crate::systemd::Heartbeat;
+use crate::validate::{ValidBatch, validate_batch};
+use crate::wal::{Replayed, Wal, WalError};
+
+/// Where a connected agent's acknowledgements go: its stream. `ack` must not
+/// wait; false when the ack could not be queued (the next one covers it,
+/// acks being cumulative).
+pub trait AckSink: Send + Sync + std::fmt::Debug {
+    fn ack(&self, seq: u64) -> bool;
+}
+
+/// What the alert rules see of one accepted batch: its GPU rows and XID
+/// events, as the protocol carries them (the rules read the same typed rows
+/// the `gpu` and `event` tables are built from).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AlertInput {
+    pub node: String,
+    pub gpus: Vec<GpuSample>,
+    /// The batch's events of kind XID; `code` is the XID.
+    pub xids: Vec<GpuEvent>,
+}
+
+impl AlertInput {
+    /// The readings of a batch from `node`.
+    pub fn from_batch(node: &str, batch: &Batch) -> AlertInput {
+        AlertInput {
+            node: node.to_owned(),
+            gpus: batch.gpu.clone(),
+            xids: batch
+                .event
+                .iter()
+                .filter(|e| e.kind() == EventKind::Xid)
+                .cloned()
+                .collect(),
+        }
+    }
+}
+
+/// What became of a batch handed to [`WritePath::accept`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accepted {
+    /// Logged and buffered; its ack follows once the log is synced.
+    New,
+    /// Received before: dropped. `Some(durable)` when it is already durable,
+    /// so the agent can be acknowledged at once.
+    Duplicate(Option<u64>),
+}
+
+/// Why a valid batch was not taken in now; the agent keeps it and retries.
+#[derive(Debug, thiserror::Error)]
+pub enum Refused {
+    #[error("agent {agent_id} sends more than {rate} rows/s; retry later")]
+    OverRate { agent_id: String, rate: u64 },
+    #[error("the collector holds {max} rows not yet written to the store; retry later")]
+    StoreBehind { max: usize },
+    #[error(transparent)]
+    Log(#[from] LogUnavailable),
+}
+
+/// The write path's state, shared by the stream tasks, the log syncer and
+/// the persister.
+#[derive(Debug)]
+pub struct WritePath {
+    state: Mutex<State>,
+    /// Woken when the buffer holds `flush_rows` rows.
+    pub flush_now: Notify,
+    /// Woken when records wait for an fsync.
+    sync_wanted: Notify,
+    flush_rows: usize,
+    max_unwritten_rows: usize,
+    max_agent_rows_per_s: u64,
+    /// Rows taken from the buffer whose files are not written yet.
+    unwritten_rows: AtomicUsize,
+    draining: AtomicBool,
+    clock: Clock,
+    /// Numbers sessions, so that a stale one never detaches a newer one.
+    next_session: AtomicU64,
+    /// Where accepted batches go for alert rules, when alerting is on.
+    alert_sink: OnceLock<mpsc::Sender<AlertInput>>,
+    /// Counters reported in logs.
+    pub stats: Stats,
+    /// Beats each time the flush loop takes the buffer; the watchdog reads it.
+    pub taken: Heartbeat,
+}
+
+/// Running totals since start.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub batches: AtomicU64,
+    pub rows: AtomicU64,
+    pub duplicates: AtomicU64,
+    pub rejected: AtomicU64,
+    pub replayed: AtomicU64,
+    /// Batches the alert rules did not see because their queue was full.
+    pub alert_inputs_dropped: AtomicU64,
+}
+
+#[derive(Debug)]
+struct State {
+    buffer: WriteBuffer,
+    agents: HashMap<String, AgentState>,
+    wal: Wal,
+    /// Appended to the log, not yet synced: the highest sequence per agent.
+    unsynced: HashMap<String, u64>,
+    /// Closed log segments whose rows are in the buffer.
+    segments: Vec<u64>,
+}
+
+#[derive(Debug, Default)]
+struct AgentState {
+    /// Highest sequence appended to the log and the buffer.
+    received: u64,
+    /// Highest sequence synced to the log, and so acknowledged.
+    durable: u64,
+    /// The connected stream: its session id and where its acks go.
+    session: Option<(u64, Arc<dyn AckSink>)>,
+    /// When the agent last connected or sent, by the collector's clock.
+    last_seen_us: i64,
+    /// Rows the agent may still send now (a token bucket), and when it was
+    /// last refilled.
+    allowance: f64,
+    refilled_us: i64,
+}
+
+/// Seconds of an agent's rate it may send at once.
+const RATE_BURST_S: f64 = 10.0;
+
+impl AgentState {
+    /// Takes `rows` from the agent's allowance, refilled at `rate` rows/s up
+    /// to [`RATE_BURST_S`] seconds' worth; false when it has not enough.
+    fn take_allowance(&mut self, rows: usize, rate: u64, now_us: i64) -> bool {
+        let burst = rate as f64 * RATE_BURST_S;
+        if self.refilled_us == 0 {
+            self.allowance = burst;
+        } else {
+            let elapsed_s = (now_us - self.refilled_us).max(0) as f64 / 1e6;
+            self.allowance = (self.allowance + elapsed_s * rate as f64).min(burst);
+        }
+        self.refilled_us = now_us;
+        if self.allowance >= rows as f64 {
+            self.allowance -= rows as f64;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// How long an agent id is remembered after its last batch. Agents without a
+/// spool take a new id at every start, so the map would otherwise only grow;
+/// an agent with a spool that comes back later resends only what was never
+/// acknowledged, which is new to the collector anyway.
+const AGENT_RETENTION_US: i64 = 7 * 24 * 3600 * 1_000_000;
+
+/// What the persister takes in one go: the rows, the log segments that hold
+/// them (to release once the rows are stored), and the name their files get.
+#[derive(Debug)]
+pub struct Taken {
+    pub buffer: WriteBuffer,
+    pub segments: Vec<u64>,
+    /// `<collector id>-<first segment>`: the same rows always get the same
+    /// file names, so a flush repeated after a crash replaces its own files.
+    pub stem: String,
+}
+
+/// Why a batch could not be taken in.
+#[derive(Debug, thiserror::Error)]
+#[error("the collector cannot write its log: {0}; retry later")]
+pub struct LogUnavailable(#[from] WalError);
+
+impl WritePath {
+    /// The shared state over an opened log, with what it replayed already in
+    /// the buffer.
+    pub fn new(
+        flush_rows: usize,
+        max_unwritten_rows: usize,
+        max_agent_rows_per_s: u64,
+        clock: Clock,
+        wal: Wal,
+        replayed: Replayed,
+    ) -> Self {
+        let agents = wal
+            .durable()
+            .iter()
+            .map(|(id, &seq)| {
+                let agent = AgentState {
+                    received: seq,
+                    durable: seq,
+                    session: None,
+                    // Remembered for a full retention period after a restart.
+                    last_seen_us: clock.now_us(),
+                    ..AgentState::default()
+                };
+                (id.clone(), agent)
+            })
+            .collect();
+        let stats = Stats::default();
+        let mut buffer = WriteBuffer::default();
+        let now_us = clock.now_us();
+        for record in &replayed.records {
+            buffer.append_alerts(&record.alerts);
+            let Some(batch) = &record.batch else {
+                continue;
+            };
+            // Validated when it arrived; the clock window may have moved since.
+            match validate_batch(batch, now_us.max(max_ts(batch))) {
+                Ok(valid) => {
+                    buffer.append(&record.node, valid);
+                    stats.replayed.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    warn!(agent_id = %record.agent_id, seq = batch.seq, error = %e, "logged batch no longer valid; skipped")
+                }
+            }
+        }
+        let mut segments = replayed.segments;
+        segments.sort_unstable();
+        Self {
+            state: Mutex::new(State {
+                buffer,
+                agents,
+                wal,
+                unsynced: HashMap::new(),
+                segments,
+            }),
+            flush_now: Notify::new(),
+            sync_wanted: Notify::new(),
+            flush_rows,
+            max_unwritten_rows,
+            max_agent_rows_per_s,
+            unwritten_rows: AtomicUsize::new(0),
+            draining: AtomicBool::new(false),
+            clock,
+            next_session: AtomicU64::new(1),
+            alert_sink: OnceLock::new(),
+            stats,
+            taken: Heartbeat::new(),
+        }
+    }
+
+    /// From now on, every accepted batch (never a duplicate) is also handed
+    /// to `sink` for the alert rules. Set once.
+    pub fn set_alert_sink(&self, sink: mpsc::Sender<AlertInput>) {
+        if self.alert_sink.set(sink).is_err() {
+            warn!("alert rules were already connected; the second connection is ignored");
+        }
+    }
+
+    /// Logs alert rows and buffers them for the `alert` table: written by the
+    /// next flush, and replayed after a crash like batches.
+    pub fn append_alerts(&self, rows: &[gputel_proto::AlertRow]) -> Result<(), LogUnavailable> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        {
+            let mut state = self.lock();
+            state.wal.append_alerts(rows)?;
+            state.buffer.append_alerts(rows);
+        }
+        self.sync_wanted.notify_one();
+        Ok(())
+    }
+
+    /// Hands an accepted batch to the alert rules without waiting: when their
+    /// queue is full the batch is counted and skipped, never the ack delayed.
+    fn to_alerts(&self, node: &str, batch: &Batch) {
+        let Some(sink) = self.alert_sink.get() else {
+            return;
+        };
+        if batch.gpu.is_empty() && batch.event.is_empty() {
+            return;
+        }
+        if sink.try_send(AlertInput::from_batch(node, batch)).is_err() {
+            let dropped = self
+                .stats
+                .alert_inputs_dropped
+                .fetch_add(1, Ordering::Relaxed)
+                + 1;
+            if dropped.is_power_of_two() {
+                warn!(
+                    node,
+                    dropped, "alert rules are behind: batches skipped by them so far"
+                );
+            }
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves plain data behind, still usable.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes the buffered rows. Closes the current log segment first (which
+    /// syncs it, so what waited for a sync is acknowledged here).
+    pub fn take(&self) -> Result<Taken, WalError> {
+        self.taken.beat();
+        let mut guard = self.lock();
+        let state = &mut *guard;
+        let closed = state.wal.rotate()?;
+        let synced = std::mem::take(&mut state.unsynced);
+        acknowledge(&mut state.agents, &mut state.wal, synced);
+        let cutoff = self.clock.now_us().saturating_sub(AGENT_RETENTION_US);
+        let forgotten: Vec<String> = state
+            .agents
+            .iter()
+            .filter(|(_, a)| a.session.is_none() && a.last_seen_us < cutoff)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &forgotten {
+            state.agents.remove(id);
+            state.wal.forget(id);
+        }
+        state.segments.extend(state.wal.take_closed_on_error());
+        state.segments.push(closed);
+        let segments = std::mem::take(&mut state.segments);
+        let first = segments.iter().min().copied().unwrap_or(closed);
+        Ok(Taken {
+            buffer: std::mem::take(&mut state.buffer),
+            stem: format!("{}-{first:016}", state.wal.collector_id()),
+            segments,
+        })
+    }
+
+    /// The rows of these segments are stored: drop them from the log.
+    pub fn release(&self, segments: &[u64]) -> Result<(), WalError> {
+        self.lock().wal.release(segments)
+    }
+
+    /// This collector's id and the last log segment whose rows are stored:
+    /// its files named after later segments may still be written again.
+    pub fn log_position(&self) -> (String, u64) {
+        let state = self.lock();
+        (
+            state.wal.collector_id().to_owned(),
+            state.wal.released_through(),
+        )
+    }
+
+    /// Rows buffered now.
+    pub fn buffered_rows(&self) -> usize {
+        self.lock().buffer.rows()
+    }
+
+    /// Whether an agent id has a stream open now.
+    pub fn has_session(&self, agent_id: &str) -> bool {
+        self.lock()
+            .agents
+            .get(agent_id)
+            .is_some_and(|a| a.session.is_some())
+    }
+
+    /// The flush loop reports the rows it holds whose files are not written.
+    pub fn set_unwritten_rows(&self, rows: usize) {
+        self.unwritten_rows.store(rows, Ordering::Relaxed);
+    }
+
+    /// Syncs the log whenever records wait for it and acknowledges them:
+    /// one fsync covers every record appended before it (group commit).
+    pub async fn run_syncer(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        loop {
+            tokio::select! {
+                _ = self.sync_wanted.notified() => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+            let prepared = {
+                let mut guard = self.lock();
+                let state = &mut *guard;
+                state
+                    .wal
+                    .prepare_sync()
+                    .map(|handle| (handle, std::mem::take(&mut state.unsynced)))
+            };
+            let (handle, synced) = match prepared {
+                Ok(prepared) => prepared,
+                Err(e) => {
+                    error!(error = %e, "cannot write the log; nothing is acknowledged until it works");
+                    tokio::time::sleep(SYNC_RETRY).await;
+                    self.sync_wanted.notify_one();
+                    continue;
+                }
+            };
+            let result = match handle {
+                Some(file) => tokio::task::spawn_blocking(move || file.sync_data())
+                    .await
+                    .unwrap_or_else(|e| Err(std::io::Error::other(e))),
+                None => Ok(()),
+            };
+            {
+                let mut guard = self.lock();
+                let state = &mut *guard;
+                match result {
+                    Ok(()) => acknowledge(&mut state.agents, &mut state.wal, synced),
+                    Err(e) => {
+                        // After a failed fsync the kernel may have dropped the
+                        // dirty pages and a retry can "succeed" without them,
+                        // so nothing synced since the last success can be
+                        // trusted. Stop: at restart the log replays what is
+                        // really on disk, and agents resend the rest, which
+                        // was never acknowledged.
+                        error!(error = %e, "cannot sync the write-ahead log; stopping so that nothing unsynced is acknowledged");
+                        std::process::exit(EXIT_LOG_SYNC_FAILED);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The collector's clock.
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    /// A number for a new stream, never given before.
+    pub fn new_session_id(&self) -> u64 {
+        self.next_session.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Attaches a new stream of `agent_id`; returns the agent's durable
+    /// sequence for its welcome.
+    pub fn connect(&self, agent_id: &str, session: u64, acks: Arc<dyn AckSink>) -> u64 {
+        let mut state = self.lock();
+        let agent = state.agents.entry(agent_id.to_owned()).or_default();
+        agent.session = Some((session, acks));
+        agent.last_seen_us = self.clock.now_us();
+        agent.durable
+    }
+
+    /// Detaches a stream, unless a newer one of the same agent replaced it.
+    pub fn disconnect(&self, agent_id: &str, session: u64) {
+        let mut state = self.lock();
+        if let Some(agent) = state.agents.get_mut(agent_id)
+            && agent.session.as_ref().is_some_and(|(id, _)| *id == session)
+        {
+            agent.session = None;
+        }
+    }
+
+    /// Whether batches are refused because the collector is stopping.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// Counts a batch that failed validation.
+    pub fn count_rejected(&self) {
+        self.stats.rejected.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Takes in a validated batch of `agent_id` from `node`: dedupe, the
+    /// agent's rate, the bound on unwritten rows, then the log and the buffer.
+    pub fn accept(
+        &self,
+        node: &str,
+        agent_id: &str,
+        valid: ValidBatch<'_>,
+    ) -> Result<Accepted, Refused> {
+        let batch = valid.get();
+        let rows = crate::validate::row_count(batch);
+        let (duplicate_of_durable, full) = {
+            let mut guard = self.lock();
+            let state = &mut *guard;
+            let agent = state.agents.entry(agent_id.to_owned()).or_default();
+            let now_us = self.clock.now_us();
+            agent.last_seen_us = now_us;
+            if batch.seq > agent.received
+                && !agent.take_allowance(rows, self.max_agent_rows_per_s, now_us)
+            {
+                return Err(Refused::OverRate {
+                    agent_id: agent_id.to_owned(),
+                    rate: self.max_agent_rows_per_s,
+                });
+            }
+            if batch.seq <= agent.received {
+                let durable = (batch.seq <= agent.durable).then_some(agent.durable);
+                (Some(durable), false)
+            } else if state.buffer.rows() + self.unwritten_rows.load(Ordering::Relaxed)
+                >= self.max_unwritten_rows
+            {
+                drop(guard);
+                self.flush_now.notify_one();
+                return Err(Refused::StoreBehind {
+                    max: self.max_unwritten_rows,
+                });
+            } else {
+                state
+                    .wal
+                    .append_batch(agent_id, node, batch)
+                    .map_err(LogUnavailable)?;
+                agent.received = batch.seq;
+                state.buffer.append(node, valid);
+                state.unsynced.insert(agent_id.to_owned(), batch.seq);
+                (None, state.buffer.rows() >= self.flush_rows)
+            }
+        };
+        if let Some(durable) = duplicate_of_durable {
+            self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
+            return Ok(Accepted::Duplicate(durable));
+        }
+        self.sync_wanted.notify_one();
+        self.to_alerts(node, batch);
+        self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        self.stats.rows.fetch_add(rows as u64, Ordering::Relaxed);
+        if full {
+            self.flush_now.notify_one();
+        }
+        Ok(Accepted::New)
+    }
+
+    /// Stops accepting batches: they are left to the agents to resend.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+}
+
+/// The collector's exit status when the log cannot be synced (EX_IOERR).
+const EXIT_LOG_SYNC_FAILED: i32 = 74;
+
+/// How long to wait before retrying a failed log write or sync.
+const SYNC_RETRY: Duration = Duration::from_millis(200);
+
+fn max_ts(batch: &Batch) -> i64 {
+    batch
+        .gpu
+        .iter()
+        .map(|s| s.ts_us)
+        .chain(batch.node.iter().map(|s| s.ts_us))
+        .chain(batch.ib.iter().map(|s| s.ts_us))
+        .chain(batch.event.iter().map(|s| s.ts_us))
+        .chain(batch.gpu_process.iter().map(|s| s.ts_us))
+        .max()
+        .unwrap_or(0)
+}
+
+/// Marks these sequences durable (in memory and for the log's state file)
+/// and tells the connected agents.
+fn acknowledge(
+    agents: &mut HashMap<String, AgentState>,
+    wal: &mut Wal,
+    synced: HashMap<String, u64>,
+) {
+    for (agent_id, seq) in synced {
+        wal.note_durable(&agent_id, seq);
+        let Some(agent) = agents.get_mut(&agent_id) else {
+            continue;
+        };
+        agent.durable = agent.durable.max(seq);
+        if let Some((_, sink)) = &agent.session
+            && !sink.ack(agent.durable)
+        {
+            debug!(agent_id, "ack not queued; the next one covers it");
+        }
+    }
+}
