@@ -177,18 +177,8 @@ pub struct TlsFiles {
 /// Why the configuration could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("config file {path} is invalid: {source}")]
-    Parse {
-        path: PathBuf,
-        #[source]
-        source: toml::de::Error,
-    },
+    #[error(transparent)]
+    File(#[from] gputel_runtime::config_file::ConfigFileError),
     #[error("cannot read the host name from {path} ({source}); set --node")]
     Hostname {
         path: PathBuf,
@@ -293,14 +283,7 @@ fn hostname(procfs_root: &Path) -> Result<String, ConfigError> {
 }
 
 fn read_file(path: &Path) -> Result<Settings, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-        path: path.to_owned(),
-        source,
-    })?;
-    toml::from_str(&text).map_err(|source| ConfigError::Parse {
-        path: path.to_owned(),
-        source,
-    })
+    Ok(gputel_runtime::config_file::read_toml(path)?)
 }
 
 #[cfg(test)]

@@ -13,7 +13,6 @@ use gputel_agent::spool::Spool;
 use gputel_agent::systemd::{self, Progress};
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity as TlsIdentity};
 use tracing::{error, info, warn};
-use tracing_subscriber::EnvFilter;
 
 /// Batches buffered between the sampling thread and the network task.
 const HANDOFF: usize = 64;
@@ -23,17 +22,7 @@ const METRICS_SHUTDOWN: Duration = Duration::from_secs(2);
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let config = Config::load(&cli)?;
-    let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(&config.log))
-        .with_context(|| format!("invalid log filter {:?}", config.log))?;
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // A closed stderr must not stop the program: by default a failed
-        // write is reported with eprint!, which panics when stderr is gone.
-        .log_internal_errors(false)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    gputel_runtime::logging::init(&config.log)?;
 
     let samplers = Samplers::open(&config);
     if cli.once {
@@ -112,7 +101,7 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     let shutdown = {
         let _runtime = runtime.enter();
-        shutdown_signal()?
+        gputel_runtime::signal::shutdown_signal()?
     };
     let (batch_tx, batch_rx) = tokio::sync::mpsc::channel(HANDOFF);
     let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
@@ -255,19 +244,4 @@ fn read_trimmed(path: &std::path::Path) -> String {
     std::fs::read_to_string(path)
         .map(|s| s.trim().to_owned())
         .unwrap_or_default()
-}
-
-/// Completes on SIGTERM or SIGINT. The handlers are installed by this call,
-/// not when the future is first polled, so a signal that arrives while the
-/// agent is still starting stops it cleanly instead of killing it.
-fn shutdown_signal() -> std::io::Result<impl Future<Output = ()>> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    Ok(async move {
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = interrupt.recv() => {}
-        }
-    })
 }

@@ -21,10 +21,9 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use gputel_proto::Batch;
+use gputel_runtime::framing;
 use prost::Message;
-use twox_hash::XxHash64;
 
-const HEADER_BYTES: usize = 12;
 const AGENT_ID_FILE: &str = "agent.id";
 
 /// Why the spool could not be used.
@@ -202,13 +201,10 @@ impl Spool {
     /// Writes a batch (its seq must be [`Spool::next_seq`]). Returns how many
     /// older batches were dropped to stay under the size cap.
     pub fn append(&mut self, batch: &Batch) -> Result<u64, SpoolError> {
-        let payload = batch.encode_to_vec();
-        let mut framed = Vec::with_capacity(HEADER_BYTES + payload.len());
-        framed.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-        framed.extend_from_slice(&XxHash64::oneshot(0, &payload).to_le_bytes());
-        framed.extend_from_slice(&payload);
         let current = self.segments.back().map_or(1, |s| s.first_seq);
         let path = segment_path(&self.dir, current);
+        let framed = framing::frame(&batch.encode_to_vec())
+            .map_err(|e| err(&path)(std::io::Error::new(std::io::ErrorKind::InvalidInput, e)))?;
         if let Err(e) = self
             .file
             .write_all(&framed)
@@ -324,21 +320,12 @@ fn read_segment(path: &Path) -> Result<Vec<Batch>, SpoolError> {
         .map_err(err(path))?;
     let mut out = Vec::new();
     let mut rest = bytes.as_slice();
-    while rest.len() >= HEADER_BYTES {
-        let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-        let mut hash = [0u8; 8];
-        hash.copy_from_slice(&rest[4..HEADER_BYTES]);
-        let Some(payload) = rest.get(HEADER_BYTES..HEADER_BYTES + len) else {
-            break;
-        };
-        if XxHash64::oneshot(0, payload) != u64::from_le_bytes(hash) {
-            break;
-        }
+    while let Ok(Some((payload, used))) = framing::next_record(rest) {
         let Ok(batch) = Batch::decode(payload) else {
             break;
         };
         out.push(batch);
-        rest = &rest[HEADER_BYTES + len..];
+        rest = &rest[used..];
     }
     Ok(out)
 }

@@ -422,18 +422,8 @@ pub struct TlsFiles {
 /// Why the configuration could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("config file {path} is invalid: {source}")]
-    Parse {
-        path: PathBuf,
-        #[source]
-        source: toml::de::Error,
-    },
+    #[error(transparent)]
+    File(#[from] gputel_runtime::config_file::ConfigFileError),
     #[error("{0}")]
     Invalid(String),
 }
@@ -519,14 +509,7 @@ impl Config {
 }
 
 fn read_file(path: &Path) -> Result<Settings, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-        path: path.to_owned(),
-        source,
-    })?;
-    toml::from_str(&text).map_err(|source| ConfigError::Parse {
-        path: path.to_owned(),
-        source,
-    })
+    Ok(gputel_runtime::config_file::read_toml(path)?)
 }
 
 #[cfg(test)]

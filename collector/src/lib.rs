@@ -373,18 +373,3 @@ impl Serving {
         Ok(())
     }
 }
-
-/// Completes on SIGTERM or SIGINT. The handlers are installed by this call,
-/// not when the future is first polled, so a signal that arrives while the
-/// collector replays its log or binds its port stops it cleanly.
-pub fn shutdown_signal() -> std::io::Result<impl Future<Output = ()>> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    Ok(async move {
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = interrupt.recv() => {}
-        }
-    })
-}

@@ -3,7 +3,6 @@ use clap::Parser;
 use gputel_collector::clock::Clock;
 use gputel_collector::config::{Cli, Command, Compact, Config, ImportJobs};
 use gputel_collector::{compact, import, store};
-use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -14,19 +13,9 @@ async fn main() -> anyhow::Result<()> {
         None => {}
     }
     let shutdown =
-        gputel_collector::shutdown_signal().context("cannot watch SIGTERM and SIGINT")?;
+        gputel_runtime::signal::shutdown_signal().context("cannot watch SIGTERM and SIGINT")?;
     let config = Config::load(cli)?;
-    let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(&config.log))
-        .with_context(|| format!("invalid log filter {:?}", config.log))?;
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // A closed stderr must not stop the program: by default a failed
-        // write is reported with eprint!, which panics when stderr is gone.
-        .log_internal_errors(false)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    gputel_runtime::logging::init(&config.log)?;
     gputel_collector::run(config, shutdown).await?;
     Ok(())
 }
@@ -59,15 +48,7 @@ async fn import_jobs(args: ImportJobs) -> anyhow::Result<()> {
 /// `gputel-collector compact`: one round of retention and compaction; the
 /// log on stderr, one summary line on stdout.
 async fn compact(args: Compact) -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        // A closed stderr must not stop the program: by default a failed
-        // write is reported with eprint!, which panics when stderr is gone.
-        .log_internal_errors(false)
-        .init();
+    gputel_runtime::logging::init("info")?;
     let (store_spec, s3, retention) = args.resolve()?;
     let options = compact::CompactOptions {
         tables: args.tables()?,

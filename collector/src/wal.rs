@@ -20,14 +20,13 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use gputel_proto::{AlertRow, Batch, WalRecord, WalState};
+use gputel_runtime::framing;
 use prost::Message;
 use prost::encoding::{WireType, encode_key, encode_varint};
-use twox_hash::XxHash64;
 
 /// Largest record accepted on replay; anything bigger is corruption. The
 /// collector's `--max-message-bytes` is capped below it.
-pub const MAX_RECORD_BYTES: usize = 64 * 1024 * 1024;
-const HEADER_BYTES: usize = 12;
+pub use gputel_runtime::framing::MAX_RECORD_BYTES;
 const STATE_FILE: &str = "state.pb";
 /// The largest segment number a log may hold: at one segment a second, 2^62
 /// takes longer than the universe has existed.
@@ -219,15 +218,11 @@ impl Wal {
 
     fn append_payload(&mut self, payload: &[u8]) -> Result<(), WalError> {
         let path = segment_path(&self.dir, self.segment);
-        let len = u32::try_from(payload.len()).map_err(|_| WalError::Corrupt {
+        let framed = framing::frame(payload).map_err(|e| WalError::Corrupt {
             path: path.clone(),
             offset: 0,
-            reason: format!("record of {} bytes is too large", payload.len()),
+            reason: e.to_string(),
         })?;
-        let mut framed = Vec::with_capacity(HEADER_BYTES + payload.len());
-        framed.extend_from_slice(&len.to_le_bytes());
-        framed.extend_from_slice(&XxHash64::oneshot(0, payload).to_le_bytes());
-        framed.extend_from_slice(payload);
         if let Err(e) = self.file.write_all(&framed) {
             // Cut the partial record off, so no later record follows a torn
             // one; should that fail too, later records go to a fresh segment.
@@ -380,30 +375,17 @@ fn read_segment(path: &Path, last: bool, out: &mut Vec<WalRecord>) -> Result<u64
     let mut offset = 0usize;
     while offset < bytes.len() {
         let rest = &bytes[offset..];
-        let problem = if rest.len() < HEADER_BYTES {
-            Some("short record header")
-        } else {
-            let len = u32::from_le_bytes(rest[..4].try_into().expect("4 bytes")) as usize;
-            let hash = u64::from_le_bytes(rest[4..HEADER_BYTES].try_into().expect("8 bytes"));
-            if len > MAX_RECORD_BYTES {
-                Some("record length out of range")
-            } else if rest.len() < HEADER_BYTES + len {
-                Some("short record")
-            } else {
-                let payload = &rest[HEADER_BYTES..HEADER_BYTES + len];
-                if XxHash64::oneshot(0, payload) != hash {
-                    Some("checksum mismatch")
-                } else {
-                    match WalRecord::decode(payload) {
-                        Ok(record) => {
-                            out.push(record);
-                            offset += HEADER_BYTES + len;
-                            None
-                        }
-                        Err(_) => Some("record does not decode"),
-                    }
+        let problem = match framing::next_record(rest) {
+            Ok(Some((payload, used))) => match WalRecord::decode(payload) {
+                Ok(record) => {
+                    out.push(record);
+                    offset += used;
+                    None
                 }
-            }
+                Err(_) => Some("record does not decode"),
+            },
+            Ok(None) => None,
+            Err(damage) => Some(damage.reason()),
         };
         if let Some(reason) = problem {
             if !last {

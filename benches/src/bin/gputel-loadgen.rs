@@ -6,7 +6,6 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 use gputel_benches::loadgen::{self, Cli, Plan};
-use tracing_subscriber::EnvFilter;
 
 /// Logs when RUST_LOG is unset: the load generator's own lines and the
 /// clients' warnings (lost streams, rejected batches), not a line per connection.
@@ -25,17 +24,7 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: &Cli) -> anyhow::Result<ExitCode> {
-    let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(DEFAULT_LOG))
-        .context("invalid RUST_LOG")?;
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // A closed stderr must not stop the program: by default a failed
-        // write is reported with eprint!, which panics when stderr is gone.
-        .log_internal_errors(false)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    gputel_runtime::logging::init(DEFAULT_LOG)?;
 
     let now_us = chrono::Utc::now().timestamp_micros();
     let plan = Plan::new(cli, now_us)?;
