@@ -236,6 +236,12 @@ const GPU_METRICS: &[RowMetric<GpuSample>] = &[
         value: |g| g.dram_active_pct.and_then(ratio),
     },
     RowMetric {
+        name: "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        kind: Kind::Gauge,
+        help: "Ratio of time the graphics engine is active.",
+        value: |g| g.gr_engine_active_pct.and_then(ratio),
+    },
+    RowMetric {
         name: "DCGM_FI_PROF_PCIE_TX_BYTES",
         kind: Kind::Gauge,
         help: "The rate of data transmitted over the PCIe bus - including both protocol headers and data payloads - in bytes per second.",
@@ -918,6 +924,7 @@ mod tests {
             sm_occupancy_pct: Some(41.25),
             tensor_active_pct: Some(12.5),
             dram_active_pct: Some(0.5),
+            gr_engine_active_pct: Some(98.5),
             power_limit_mw: Some(700_000),
             clock_event_reasons: Some(0x4),
             ecc_corrected_volatile: Some(3),
@@ -1020,6 +1027,7 @@ mod tests {
             ("DCGM_FI_PROF_SM_OCCUPANCY", "0.4125"),
             ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "0.125"),
             ("DCGM_FI_PROF_DRAM_ACTIVE", "0.005"),
+            ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "0.985"),
             ("DCGM_FI_PROF_PCIE_TX_BYTES", "1000000"),
             ("DCGM_FI_PROF_PCIE_RX_BYTES", "2000000"),
             ("DCGM_FI_PROF_NVLINK_TX_BYTES", "300000000000"),

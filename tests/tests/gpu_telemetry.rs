@@ -34,6 +34,7 @@ sm_active_pct = 87.5
 sm_occupancy_pct = 42.25
 tensor_active_pct = 61.0
 dram_active_pct = 33.5
+graphics_active_pct = 91.0
 clock_event_reasons = 36
 ecc_sbe_volatile = 12
 ecc_dbe_volatile = 1
@@ -72,6 +73,7 @@ fn every_metric_family_reads_exactly() {
         ("sm_occupancy_pct", json!(42.25)),
         ("tensor_active_pct", json!(61.0)),
         ("dram_active_pct", json!(33.5)),
+        ("gr_engine_active_pct", json!(91.0)),
         ("clock_event_reasons", json!(36)),
         ("ecc_corrected_volatile", json!(12)),
         ("ecc_uncorrected_volatile", json!(1)),
@@ -117,6 +119,7 @@ sm_active_pct = 50.0
         "sm_occupancy_pct",
         "tensor_active_pct",
         "dram_active_pct",
+        "gr_engine_active_pct",
     ] {
         assert_eq!(gpu[field], json!(null), "{field}");
     }

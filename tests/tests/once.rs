@@ -61,7 +61,7 @@ fn the_default_fake_presents_eight_h100s_with_every_field() {
         }
         // Every other field too, but for retired pages (H100s remap rows
         // instead) and the job and pod (the built-in GPUs run nothing).
-        assert_eq!(fields.len(), 42, "{gpu}");
+        assert_eq!(fields.len(), 43, "{gpu}");
         for (field, value) in fields {
             let absent =
                 field.starts_with("retired_pages_") || field == "job_id" || field == "pod_uid";

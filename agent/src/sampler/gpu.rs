@@ -83,12 +83,14 @@ mod field {
 static FIELD_IDS: std::sync::LazyLock<Vec<FieldId>> =
     std::sync::LazyLock::new(|| field::ALL.iter().map(|id| FieldId(*id)).collect());
 
-/// GPM metrics, in GpuSample order: SM, SM occupancy, tensor, DRAM.
-const GPM_METRICS: [GpmMetricId; 4] = [
+/// GPM metrics, in GpuSample order: SM, SM occupancy, tensor, DRAM,
+/// graphics/compute engine.
+const GPM_METRICS: [GpmMetricId; 5] = [
     GpmMetricId::SmUtil,
     GpmMetricId::SmOccupancy,
     GpmMetricId::AnyTensorUtil,
     GpmMetricId::DramBwUtil,
+    GpmMetricId::GraphicsUtil,
 ];
 
 /// How long the XID thread blocks in one wait before it checks for shutdown.
@@ -521,6 +523,7 @@ fn sample_device(
         sm_occupancy_pct: gpm[1],
         tensor_active_pct: gpm[2],
         dram_active_pct: gpm[3],
+        gr_engine_active_pct: gpm[4],
         power_limit_mw: read.get("power_limit", device.enforced_power_limit()),
         power_avg_mw: rate(|c| c.energy_mj, 1).and_then(|mw| u32::try_from(mw).ok()),
         clock_event_reasons: reasons,
@@ -590,8 +593,8 @@ fn sample_gpm(
     device: &Device<'static>,
     gpm: &mut Option<Option<GpmSample<'static>>>,
     read: &mut Reader<'_>,
-) -> [Option<f32>; 4] {
-    let mut out = [None; 4];
+) -> [Option<f32>; GPM_METRICS.len()] {
+    let mut out = [None; GPM_METRICS.len()];
     let Some(prev) = gpm.as_mut() else {
         return out;
     };
