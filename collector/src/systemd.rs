@@ -1,88 +1,16 @@
-//! systemd's notification protocol: readiness once the write-ahead log is
-//! replayed and the port is bound, status lines, stopping, and a watchdog
-//! petted only while the collector's loops make progress, so that a collector
-//! wedged on a hung disk or store gets restarted.
-//!
-//! Started by anything but systemd (no `NOTIFY_SOCKET`), every call here does
-//! nothing.
+//! The collector under systemd: readiness (once the write-ahead log is
+//! replayed and the port is bound), status lines and stopping come from
+//! `gputel_runtime::notify`; the watchdog is petted only while the
+//! collector's loops make progress, so that a collector wedged on a hung
+//! disk or store gets restarted.
 
 use std::sync::Arc;
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use sd_notify::NotifyState;
-use tracing::{debug, error, info};
+pub use gputel_runtime::notify::{Heartbeat, ready, stopping, watchdog_timeout};
+use tracing::info;
 
 use crate::Serving;
-
-/// Tells systemd the collector is up, with a status line for `systemctl status`.
-pub fn ready(status: &str) {
-    send(&[NotifyState::Ready, NotifyState::Status(status)]);
-}
-
-/// Tells systemd the collector is shutting down on purpose.
-pub fn stopping(status: &str) {
-    send(&[NotifyState::Stopping, NotifyState::Status(status)]);
-}
-
-fn send(states: &[NotifyState]) {
-    // A service manager that went away cannot be told anything; the
-    // collector's work does not depend on it.
-    if let Err(e) = sd_notify::notify(states) {
-        debug!(error = %e, "cannot notify systemd");
-    }
-}
-
-/// The watchdog timeout systemd set for this process (`WatchdogSec=`), if
-/// any; none without a socket to pet it through.
-pub fn watchdog_timeout() -> Option<Duration> {
-    std::env::var_os("NOTIFY_SOCKET")?;
-    sd_notify::watchdog_enabled().filter(|t| !t.is_zero())
-}
-
-/// When a loop last completed a turn, on a monotonic clock (the collector's
-/// injected clock may be a test's fake one).
-#[derive(Debug)]
-pub struct Heartbeat {
-    /// Microseconds since [`base`].
-    last_us: AtomicU64,
-}
-
-impl Default for Heartbeat {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Heartbeat {
-    /// A heartbeat that beat now.
-    pub fn new() -> Self {
-        Self {
-            last_us: AtomicU64::new(monotonic_us()),
-        }
-    }
-
-    /// The loop completed a turn.
-    pub fn beat(&self) {
-        self.last_us.store(monotonic_us(), Ordering::Relaxed);
-    }
-
-    /// Time since the last beat.
-    pub fn age(&self) -> Duration {
-        Duration::from_micros(monotonic_us().saturating_sub(self.last_us.load(Ordering::Relaxed)))
-    }
-}
-
-/// The instant monotonic times here count from.
-fn base() -> Instant {
-    static BASE: OnceLock<Instant> = OnceLock::new();
-    *BASE.get_or_init(Instant::now)
-}
-
-fn monotonic_us() -> u64 {
-    u64::try_from(base().elapsed().as_micros()).unwrap_or(u64::MAX)
-}
 
 /// Pets systemd's watchdog every half timeout while the collector is
 /// healthy; without a watchdog, never completes and does nothing.
@@ -102,12 +30,8 @@ pub async fn watchdog(serving: &Serving, flush_interval: Duration) {
         ?timeout,
         "petting the systemd watchdog while the collector makes progress"
     );
-    let mut every = tokio::time::interval(timeout / 2);
-    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut lock_probe: Option<tokio::task::JoinHandle<()>> = None;
-    let mut failing: Option<String> = None;
-    loop {
-        every.tick().await;
+    gputel_runtime::notify::pet_while_healthy(timeout, "collector", || {
         let mut problem = None;
         if !serving.is_serving() {
             problem = Some("the gRPC server task has ended".to_owned());
@@ -135,21 +59,7 @@ pub async fn watchdog(serving: &Serving, flush_interval: Duration) {
                  (flush interval {flush_interval:?}; a store write that does not return?)"
             ));
         }
-        match problem {
-            Some(problem) => {
-                if failing.as_ref() != Some(&problem) {
-                    error!(
-                        "{problem}; the systemd watchdog is no longer petted, so systemd restarts the collector"
-                    );
-                    failing = Some(problem);
-                }
-            }
-            None => {
-                if failing.take().is_some() {
-                    info!("the collector made progress again; petting the watchdog");
-                }
-                send(&[NotifyState::Watchdog]);
-            }
-        }
-    }
+        problem
+    })
+    .await;
 }
