@@ -13,8 +13,11 @@ pub mod clock;
 pub mod config;
 pub mod jobs;
 pub mod metrics;
+mod run;
 pub mod sampler;
 pub mod sampling;
 pub mod snapshot;
 pub mod spool;
 pub mod systemd;
+
+pub use run::{RunError, Summary, run};

@@ -1,31 +1,19 @@
 use std::io::Write;
-use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use clap::Parser;
-use gputel_agent::client::{self, Identity};
 use gputel_agent::config::{Cli, Config};
-use gputel_agent::metrics::{self, Metrics};
-use gputel_agent::sampling::{self, Samplers};
+use gputel_agent::sampling::Samplers;
 use gputel_agent::snapshot;
-use gputel_agent::spool::Spool;
-use gputel_agent::systemd::{self, Progress};
-use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity as TlsIdentity};
-use tracing::{error, info, warn};
-
-/// Batches buffered between the sampling thread and the network task.
-const HANDOFF: usize = 64;
-/// At shutdown, how long scrapes in progress may take to finish.
-const METRICS_SHUTDOWN: Duration = Duration::from_secs(2);
+use tracing::{info, warn};
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let config = Config::load(&cli)?;
     gputel_runtime::logging::init(&config.log)?;
 
-    let samplers = Samplers::open(&config);
     if cli.once {
+        let samplers = Samplers::open(&config);
         let gap = config.interval.min(Duration::from_secs(1));
         let snap = snapshot::take(&config.node, samplers, gap);
         let mut out = std::io::stdout().lock();
@@ -34,214 +22,24 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
 
-    let mut endpoint = Endpoint::from_shared(config.collector.clone())
-        .with_context(|| format!("invalid collector URL {:?}", config.collector))?
-        .connect_timeout(Duration::from_secs(10))
-        .tcp_nodelay(true);
-    if let Some(tls) = &config.tls {
-        let read = |path: &std::path::Path| {
-            std::fs::read(path).with_context(|| format!("cannot read TLS file {}", path.display()))
-        };
-        let mut client = ClientTlsConfig::new()
-            .ca_certificate(Certificate::from_pem(read(&tls.ca)?))
-            .identity(TlsIdentity::from_pem(read(&tls.cert)?, read(&tls.key)?));
-        if let Some(name) = &tls.server_name {
-            client = client.domain_name(name.clone());
-        }
-        endpoint = endpoint
-            .tls_config(client)
-            .context("invalid TLS configuration")?;
-    }
-    // With a spool, the agent id and the sequence numbers outlive restarts,
-    // so the collector recognises what it already has.
-    let spool = match &config.spool_dir {
-        Some(dir) => Some(
-            Spool::open(dir, config.spool_max_bytes)
-                .with_context(|| format!("cannot open the spool in {}", dir.display()))?,
-        ),
-        None => None,
-    };
-    let first_seq = spool.as_ref().map_or(1, Spool::next_seq);
-    let identity = Identity {
-        node: config.node.clone(),
-        agent_id: spool
-            .as_ref()
-            .map_or_else(new_agent_id, |s| s.agent_id().to_owned()),
-        boot_id: read_trimmed(&config.procfs_root.join("sys/kernel/random/boot_id")),
-    };
-    if let Some(spool) = &spool
-        && !spool.is_empty()
-    {
-        info!(
-            batches = spool.len(),
-            "spool holds unacknowledged batches from before; they are sent first"
-        );
-    }
-    // Bound before sampling starts, so a taken port stops the agent at once.
-    let metrics_endpoint = match config.metrics_listen {
-        Some(addr) => Some((metrics::bind(addr)?, Arc::new(Metrics::new(&config.node)))),
-        None => None,
-    };
-    let recorder = metrics_endpoint.as_ref().map(|(_, m)| Arc::clone(m));
-    let ready_status = format!(
-        "sampling {} every {:?}; delivering to {}",
-        match &samplers.gpu {
-            Ok(gpu) if gpu.gpu_count() == 1 => "1 GPU and the host".to_owned(),
-            Ok(gpu) => format!("{} GPUs and the host", gpu.gpu_count()),
-            Err(_) => "the host (no GPUs)".to_owned(),
-        },
-        config.interval,
-        config.collector
-    );
-    info!(node = %identity.node, agent_id = %identity.agent_id, collector = %config.collector, interval = ?config.interval, "starting");
-
     // One thread for the network side is plenty at one batch per interval.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let shutdown = {
-        let _runtime = runtime.enter();
-        gputel_runtime::signal::shutdown_signal()?
-    };
-    let (batch_tx, batch_rx) = tokio::sync::mpsc::channel(HANDOFF);
-    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
-    let interval = config.interval;
-    let ticks = cli.ticks;
-    let progress = Arc::new(Progress::new());
-    let sampling_progress = Arc::clone(&progress);
-    let sampler = std::thread::Builder::new()
-        .name("sampler".into())
-        .spawn(move || {
-            sampling::run(
-                samplers,
-                interval,
-                ticks,
-                first_seq,
-                &stop_rx,
-                &sampling_progress,
-                |batch| {
-                    if let Some(metrics) = &recorder {
-                        metrics.record(&batch);
-                    }
-                    batch_tx.blocking_send(batch).is_ok()
-                },
-            )
-        })?;
-
-    let delivery = runtime.block_on(async {
-        let (stop_serving, serving_stopped) = tokio::sync::oneshot::channel::<()>();
-        let serving = metrics_endpoint.map(|(listener, metrics)| {
-            tokio::spawn(async move {
-                let stopped = async {
-                    let _ = serving_stopped.await;
-                };
-                if let Err(e) = metrics::serve(listener, metrics, stopped).await {
-                    error!("the /metrics endpoint stopped: {e}");
-                }
-            })
-        });
-        let delivering = tokio::spawn(async move {
-            match spool {
-                Some(spool) => {
-                    client::run_with_spool(
-                        endpoint,
-                        identity,
-                        batch_rx,
-                        spool,
-                        config.max_pending_batches,
-                        config.drain_timeout,
-                    )
-                    .await
-                }
-                None => {
-                    client::run(
-                        endpoint,
-                        identity,
-                        batch_rx,
-                        config.max_pending_batches,
-                        config.drain_timeout,
-                    )
-                    .await
-                }
-            }
-        });
-        // NVML is loaded, the spool open, /metrics bound and the sampler
-        // running: from here on the agent does its job.
-        systemd::ready(&ready_status);
-        let watchdog = systemd::watchdog_timeout().map(|timeout| {
-            info!(
-                ?timeout,
-                "petting the systemd watchdog while the sampling loop makes progress"
-            );
-            tokio::spawn(async move { systemd::pet_watchdog(&progress, timeout).await })
-        });
-        tokio::pin!(delivering);
-        let delivery = tokio::select! {
-            delivery = &mut delivering => {
-                systemd::stopping("stopping: sampling ended");
-                delivery
-            }
-            () = shutdown => {
-                info!("stopping: delivering what was sampled");
-                systemd::stopping("stopping: delivering what was sampled");
-                let _ = stop_tx.send(());
-                delivering.await
-            }
-        };
-        if let Some(watchdog) = watchdog {
-            watchdog.abort();
-        }
-        // /metrics keeps answering while the agent drains, and stops with it.
-        let _ = stop_serving.send(());
-        if let Some(serving) = serving
-            && tokio::time::timeout(METRICS_SHUTDOWN, serving)
-                .await
-                .is_err()
-        {
-            warn!("/metrics scrapes still running after {METRICS_SHUTDOWN:?}; cut off");
-        }
-        delivery
+    let summary = runtime.block_on(async {
+        let shutdown = gputel_runtime::signal::shutdown_signal()?;
+        anyhow::Ok(gputel_agent::run(config, cli.ticks, shutdown).await?)
     })?;
-    let ticks = sampler
-        .join()
-        .map_err(|_| anyhow::anyhow!("the sampling thread panicked"))?;
-    let summary = format!(
-        "ticks={ticks} batches={} acknowledged={} rejected={} dropped={} unacknowledged={} \
-         acknowledged_rows: gpu={} node={} ib={}",
-        delivery.produced,
-        delivery.acknowledged,
-        delivery.rejected,
-        delivery.dropped,
-        delivery.unacknowledged,
-        delivery.acknowledged_rows.gpu,
-        delivery.acknowledged_rows.node,
-        delivery.acknowledged_rows.ib,
-    );
-    if delivery.unacknowledged > 0 || delivery.dropped > 0 || delivery.rejected > 0 {
-        warn!("stopped with data not delivered: {summary}");
+    let line = summary.line();
+    if summary.delivered_all() {
+        info!("stopped: {line}");
     } else {
-        info!("stopped: {summary}");
+        warn!("stopped with data not delivered: {line}");
     }
     // For scripts and tests; under systemd stdout is the journal too, which
     // has the summary from the log line above already.
     if std::env::var_os("JOURNAL_STREAM").is_none() {
-        println!("{summary}");
+        println!("{line}");
     }
     Ok(())
-}
-
-/// A fresh id per process: sequence numbers restart at 1 with each start.
-fn new_agent_id() -> String {
-    let uuid = read_trimmed(std::path::Path::new("/proc/sys/kernel/random/uuid"));
-    if uuid.is_empty() {
-        format!("{}-{}", std::process::id(), gputel_agent::clock::now_us())
-    } else {
-        uuid
-    }
-}
-
-fn read_trimmed(path: &std::path::Path) -> String {
-    std::fs::read_to_string(path)
-        .map(|s| s.trim().to_owned())
-        .unwrap_or_default()
 }
