@@ -1,0 +1,64 @@
+//! The host's series, under node_exporter-like names.
+
+use gputel_proto::NodeSample;
+
+use super::{Kind, RowMetric, decimal};
+
+/// The host, under node_exporter-like names.
+pub(super) const NODE_METRICS: &[RowMetric<NodeSample>] = &[
+    RowMetric {
+        name: "gputel_node_cpus",
+        kind: Kind::Gauge,
+        help: "Logical CPUs counted in /proc/stat.",
+        value: |n| (n.cpu_count > 0).then_some(f64::from(n.cpu_count)),
+    },
+    RowMetric {
+        name: "gputel_node_memory_total_bytes",
+        kind: Kind::Gauge,
+        help: "MemTotal of /proc/meminfo, in bytes.",
+        value: |n| n.memory_total_bytes.map(|v| v as f64),
+    },
+    RowMetric {
+        name: "gputel_node_memory_available_bytes",
+        kind: Kind::Gauge,
+        help: "MemAvailable of /proc/meminfo, in bytes.",
+        value: |n| n.memory_available_bytes.map(|v| v as f64),
+    },
+    RowMetric {
+        name: "gputel_node_memory_used_bytes",
+        kind: Kind::Gauge,
+        help: "MemTotal - MemAvailable, in bytes.",
+        value: |n| n.memory_used_bytes.map(|v| v as f64),
+    },
+    RowMetric {
+        name: "gputel_node_load1",
+        kind: Kind::Gauge,
+        help: "1-minute load average.",
+        value: |n| n.load1.and_then(decimal),
+    },
+    RowMetric {
+        name: "gputel_node_load5",
+        kind: Kind::Gauge,
+        help: "5-minute load average.",
+        value: |n| n.load5.and_then(decimal),
+    },
+    RowMetric {
+        name: "gputel_node_load15",
+        kind: Kind::Gauge,
+        help: "15-minute load average.",
+        value: |n| n.load15.and_then(decimal),
+    },
+];
+
+/// CPU time shares, one series per mode.
+pub(super) const NODE_CPU: &str = "gputel_node_cpu_ratio";
+pub(super) const NODE_CPU_HELP: &str =
+    "Share of all CPUs' time spent in each mode since the previous tick (0-1).";
+/// A CPU mode's share, in percent, from a node row.
+type CpuShare = fn(&NodeSample) -> Option<f32>;
+pub(super) const NODE_CPU_MODES: &[(&str, CpuShare)] = &[
+    ("user", |n| n.cpu_user_pct),
+    ("system", |n| n.cpu_system_pct),
+    ("iowait", |n| n.cpu_iowait_pct),
+    ("idle", |n| n.cpu_idle_pct),
+];
