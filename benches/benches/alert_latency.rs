@@ -143,8 +143,11 @@ async fn main() {
     })
     .expect("alerting");
     let (wal, replayed) = gputel_collector::wal::Wal::open(&wal_dir).expect("open log");
-    let store = gputel_collector::store::open(dir.path().join("store").to_str().expect("utf-8"))
-        .expect("store");
+    let store = gputel_collector::store::open_store(
+        dir.path().join("store").to_str().expect("utf-8"),
+        &Default::default(),
+    )
+    .expect("store");
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let serving = serve(
         listener,

@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 
 use arrow_array::RecordBatch;
 use gputel_schemas::PartitionPath;
-use object_store::ObjectStore;
 use tokio::sync::watch;
 use tracing::{error, info};
 
 use crate::persist::{PersistError, write_file};
+use crate::store::Store;
 use crate::wal::WalError;
 use crate::write::WritePath;
 
@@ -48,12 +48,12 @@ pub struct FlushReport {
 #[derive(Debug)]
 pub struct Flusher {
     shared: Arc<WritePath>,
-    store: Arc<dyn ObjectStore>,
+    store: Store,
     queue: VecDeque<FlushUnit>,
 }
 
 impl Flusher {
-    pub fn new(shared: Arc<WritePath>, store: Arc<dyn ObjectStore>) -> Self {
+    pub fn new(shared: Arc<WritePath>, store: Store) -> Self {
         Self {
             shared,
             store,
@@ -68,7 +68,7 @@ impl Flusher {
         let mut report = FlushReport::default();
         while let Some(unit) = self.queue.front_mut() {
             while let Some((path, batch)) = unit.files.last() {
-                let bytes = write_file(self.store.as_ref(), path, batch).await?;
+                let bytes = write_file(&self.store, path, batch).await?;
                 report.files += 1;
                 report.rows += batch.num_rows();
                 report.bytes += bytes;

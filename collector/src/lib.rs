@@ -32,7 +32,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gputel_proto::v1::telemetry_server::TelemetryServer;
-use object_store::ObjectStore;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -116,7 +115,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     }
     let serving = serve(
         listener,
-        Arc::clone(&store.objects),
+        store.clone(),
         Clock::System,
         options,
         wal,
@@ -251,7 +250,7 @@ pub fn server_tls(files: &config::TlsFiles) -> Result<ServerTlsConfig, RunError>
 /// What the log replayed is written to the store before the server starts.
 pub async fn serve(
     listener: TcpListener,
-    store: Arc<dyn ObjectStore>,
+    store: store::Store,
     clock: Clock,
     options: ServeOptions,
     wal: wal::Wal,

@@ -6,7 +6,7 @@
 
 use gputel_schemas::PartitionPath;
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use object_store::{ObjectStore, ObjectStoreExt};
 use tracing::{info, warn};
 use twox_hash::XxHash3_128;
 
@@ -26,20 +26,19 @@ pub(crate) fn hash_hex(bytes: &[u8]) -> String {
     format!("{:032x}", XxHash3_128::oneshot(bytes))
 }
 
-/// Whether `payload` for `path` is exactly a file that compaction already
+/// Whether `bytes` for `path` are exactly a file that compaction already
 /// merged (so writing it again would duplicate its rows).
 pub(crate) async fn already_compacted(
     store: &dyn ObjectStore,
     path: &PartitionPath,
-    payload: &PutPayload,
+    bytes: &[u8],
 ) -> object_store::Result<bool> {
     let marker = match store.get(&marker_path(path)).await {
         Ok(got) => got.bytes().await?,
         Err(object_store::Error::NotFound { .. }) => return Ok(false),
         Err(e) => return Err(e),
     };
-    let bytes: Vec<u8> = payload.iter().flat_map(|b| b.iter().copied()).collect();
-    if merged_into(&marker, &hash_hex(&bytes)).is_some() {
+    if merged_into(&marker, &hash_hex(bytes)).is_some() {
         info!(file = %path, "already merged into a compacted file; not written again");
         return Ok(true);
     }

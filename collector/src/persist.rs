@@ -9,6 +9,7 @@ use arrow_schema::{ArrowError, DataType, Schema};
 use arrow_select::take::take_record_batch;
 use bytes::Bytes;
 use gputel_schemas::{PartitionPath, Table};
+
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use parquet::arrow::ArrowWriter;
@@ -17,6 +18,9 @@ use parquet::errors::ParquetError;
 use parquet::file::metadata::SortingColumn;
 use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterVersion};
 use parquet::schema::types::ColumnPath;
+
+use crate::marker;
+use crate::store::Store;
 
 /// zstd level 3: most of zstd's ratio on telemetry at a small CPU cost.
 pub const ZSTD_LEVEL: i32 = 3;
@@ -176,8 +180,13 @@ pub fn encode_with(
 /// Sorts, encodes and stores one file. The object store makes the file
 /// visible atomically: a local store writes a staging file and renames it, S3
 /// publishes an object only when its upload completes.
+///
+/// A file whose very bytes a compaction already merged (a flush retried or
+/// replayed after it) is not written again, since its rows would then be
+/// stored twice; 0 bytes are reported for it. The check and the put hold a
+/// local store's lock together, so no compaction swaps the hour between them.
 pub async fn write_file(
-    store: &dyn ObjectStore,
+    store: &Store,
     path: &PartitionPath,
     batch: &RecordBatch,
 ) -> Result<u64, PersistError> {
@@ -196,7 +205,23 @@ pub async fn write_file(
         }
     })
     .await?;
-    put_file(store, name, bytes).await
+    let _lock = store.write_lock().await.map_err(|e| PersistError::Store {
+        path: name.clone(),
+        source: object_store::Error::Generic {
+            store: "LocalFileSystem",
+            source: format!("cannot lock the store to write {name}: {e}").into(),
+        },
+    })?;
+    if marker::already_compacted(store.objects.as_ref(), path, &bytes)
+        .await
+        .map_err(|source| PersistError::Store {
+            path: name.clone(),
+            source,
+        })?
+    {
+        return Ok(0);
+    }
+    put_file(store.objects.as_ref(), name, bytes).await
 }
 
 /// Runs CPU-bound work (sorting, Parquet encoding and decoding) on tokio's

@@ -1,10 +1,10 @@
 //! Opens the object store named by `--store`: a local directory, S3 (or any
 //! S3-compatible server), or another object_store URL.
 //!
-//! Every store is wrapped so that a flushed file whose rows are already in a
-//! compacted file is not written a second time (see [`crate::marker`]), and
-//! a local store's writes exclude its compaction's directory swaps through a
-//! lock file.
+//! A local store's writes exclude its compaction's directory swaps through a
+//! lock file: every store is wrapped so that a partition file is put under
+//! the lock's shared side, and [`Store::write_lock`] holds it across more than
+//! one call (the flusher's check of compaction markers and its put).
 
 use std::fmt;
 use std::fs::File;
@@ -25,8 +25,6 @@ use object_store::{
     ObjectMeta, ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult, RenameOptions,
     RetryConfig,
 };
-
-use crate::marker;
 
 /// The lock file of a local store, at its root: writers hold it shared,
 /// compaction and retention exclusively while they swap directories.
@@ -103,6 +101,21 @@ pub struct Store {
     pub objects: Arc<dyn ObjectStore>,
     /// The root directory of a local store; None for object stores.
     pub local: Option<PathBuf>,
+}
+
+impl Store {
+    /// Takes the shared side of a local store's lock until the returned
+    /// guard drops (None for object stores, which have no lock): compaction
+    /// cannot swap a directory meanwhile.
+    pub async fn write_lock(&self) -> std::io::Result<Option<StoreLock>> {
+        let Some(root) = self.local.clone() else {
+            return Ok(None);
+        };
+        tokio::task::spawn_blocking(move || lock(&root, false))
+            .await
+            .map_err(|e| std::io::Error::other(e.to_string()))?
+            .map(Some)
+    }
 }
 
 /// Opens `spec` with S3 settings from the environment only; see [`open_store`].
@@ -255,18 +268,17 @@ impl fmt::Display for Guarded {
 
 #[async_trait::async_trait]
 impl ObjectStore for Guarded {
-    /// A partition file is put under the store's shared lock, and not at all
-    /// when a compaction already merged these very bytes (a retried or
-    /// replayed flush): writing them again would store their rows twice.
+    /// A partition file is put under the store's shared lock, so that it never
+    /// lands in an hour directory that compaction is swapping out.
     async fn put_opts(
         &self,
         location: &ObjectPath,
         payload: PutPayload,
         opts: PutOptions,
     ) -> object_store::Result<PutResult> {
-        let Ok(path) = PartitionPath::parse(location.as_ref()) else {
+        if PartitionPath::parse(location.as_ref()).is_err() {
             return self.inner.put_opts(location, payload, opts).await;
-        };
+        }
         let _guard = match &self.lock {
             Some(file) => {
                 let file = file.clone();
@@ -284,13 +296,6 @@ impl ObjectStore for Guarded {
             }
             None => None,
         };
-        if marker::already_compacted(self.inner.as_ref(), &path, &payload).await? {
-            return Ok(PutResult {
-                e_tag: None,
-                version: None,
-                extensions: Default::default(),
-            });
-        }
         self.inner.put_opts(location, payload, opts).await
     }
 

@@ -160,8 +160,11 @@ fn batches() -> Vec<(&'static str, Batch)> {
 /// Writes `batches()` into a fresh store through the write buffer and the
 /// persister, as one flush does.
 async fn write_store(dir: &Path) {
-    let store =
-        gputel_collector::store::open(dir.to_str().expect("utf-8 temp path")).expect("open store");
+    let store = gputel_collector::store::open_store(
+        dir.to_str().expect("utf-8 temp path"),
+        &Default::default(),
+    )
+    .expect("open store");
     let inputs = batches();
     let mut buffer = WriteBuffer::default();
     for (node, batch) in &inputs {
@@ -173,9 +176,7 @@ async fn write_store(dir: &Path) {
     assert_eq!(buffer.rows(), 9 + 3 + 6);
     for (table, key, batch) in buffer.take().expect("buffer assembles") {
         let path = PartitionPath::new(table, key, STEM).expect("valid stem");
-        write_file(store.as_ref(), &path, &batch)
-            .await
-            .expect("write file");
+        write_file(&store, &path, &batch).await.expect("write file");
     }
     assert_eq!(buffer.rows(), 0);
 }
@@ -765,4 +766,99 @@ async fn physical_layout_matches_the_design() {
         }
         assert!(!filter.check("gpu-node-017"), "{name}");
     }
+}
+
+/// Rows in every Parquet file of one table's hour directory.
+fn rows_in(dir: &Path, table: &str, hour: &str) -> (usize, i64) {
+    let hour_dir = dir.join(table).join("date=2026-11-21").join(hour);
+    let mut files = 0;
+    let mut rows = 0;
+    for entry in std::fs::read_dir(&hour_dir).expect("hour directory") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "parquet") {
+            let reader = SerializedFileReader::new(File::open(&path).expect("open"))
+                .expect("a Parquet file");
+            files += 1;
+            rows += reader.metadata().file_metadata().num_rows();
+        }
+    }
+    (files, rows)
+}
+
+/// A flush retried or replayed after compaction merged its file writes
+/// nothing (the same bytes are in the compacted file); the same file name
+/// with other rows is written, since those rows are new.
+#[tokio::test]
+async fn a_flush_repeated_after_compaction_writes_nothing_twice() {
+    use gputel_collector::compact::{self, CompactOptions};
+    use gputel_collector::persist::write_file;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = gputel_collector::store::open_store(
+        dir.path().to_str().expect("utf-8 temp path"),
+        &Default::default(),
+    )
+    .expect("open store");
+    let gpu_batch = |ids: std::ops::Range<u32>| {
+        let mut buffer = WriteBuffer::default();
+        let batch = Batch {
+            seq: 1,
+            gpu: ids.map(|id| gpu(id, id % 2, H6A + i64::from(id))).collect(),
+            ..Default::default()
+        };
+        buffer.append("n1", validate_batch(&batch, NOW).expect("valid"));
+        buffer
+            .take()
+            .expect("buffer assembles")
+            .into_iter()
+            .find(|(table, _, _)| *table == Table::Gpu)
+            .expect("gpu rows")
+    };
+    let (_, key, first) = gpu_batch(0..4);
+    let (_, _, second) = gpu_batch(4..10);
+    let first_path = PartitionPath::new(Table::Gpu, key, "c1-0000000000000001").expect("stem");
+    let second_path = PartitionPath::new(Table::Gpu, key, "c1-0000000000000002").expect("stem");
+    assert!(
+        write_file(&store, &first_path, &first)
+            .await
+            .expect("write")
+            > 0
+    );
+    assert!(
+        write_file(&store, &second_path, &second)
+            .await
+            .expect("write")
+            > 0
+    );
+    assert_eq!(rows_in(dir.path(), "gpu", "hour=06"), (2, 10));
+
+    let options = CompactOptions {
+        tables: vec![Table::Gpu],
+        min_age: std::time::Duration::ZERO,
+        ..CompactOptions::default()
+    };
+    let report = compact::compact(&store, NOW + 3_600_000_000, &options)
+        .await
+        .expect("compaction");
+    assert_eq!((report.hours, report.files_in, report.rows), (1, 2, 10));
+    assert_eq!(rows_in(dir.path(), "gpu", "hour=06"), (1, 10));
+
+    // The same bytes again: already merged, not written.
+    assert_eq!(
+        write_file(&store, &first_path, &first)
+            .await
+            .expect("write"),
+        0
+    );
+    assert_eq!(rows_in(dir.path(), "gpu", "hour=06"), (1, 10));
+
+    // The same name with other rows: written.
+    let (_, _, other) = gpu_batch(10..12);
+    assert!(
+        write_file(&store, &first_path, &other)
+            .await
+            .expect("write")
+            > 0
+    );
+    assert_eq!(rows_in(dir.path(), "gpu", "hour=06"), (2, 12));
 }

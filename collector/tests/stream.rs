@@ -78,8 +78,11 @@ impl Collector {
         max_agent_rows_per_s: u64,
     ) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = gputel_collector::store::open(dir.path().to_str().expect("utf-8 temp path"))
-            .expect("open store");
+        let store = gputel_collector::store::open_store(
+            dir.path().to_str().expect("utf-8 temp path"),
+            &Default::default(),
+        )
+        .expect("open store");
         let now = Arc::new(AtomicI64::new(NOW));
         let clock = Clock::Manual(Arc::clone(&now));
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");

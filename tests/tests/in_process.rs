@@ -56,8 +56,11 @@ fn fixture_ports() -> i64 {
 async fn the_agent_library_streams_every_tick_to_the_collector_library() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store_dir = dir.path().join("store");
-    let store = gputel_collector::store::open(store_dir.to_str().expect("utf-8 temp path"))
-        .expect("open the store");
+    let store = gputel_collector::store::open_store(
+        store_dir.to_str().expect("utf-8 temp path"),
+        &Default::default(),
+    )
+    .expect("open the store");
     let (wal, replayed) =
         gputel_collector::wal::Wal::open(&dir.path().join("wal")).expect("open the log");
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
