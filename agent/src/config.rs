@@ -7,6 +7,8 @@ use std::time::Duration;
 use clap::{Args, Parser};
 use serde::Deserialize;
 
+use crate::sampler::Source;
+
 /// The collector's default address (see gputel-collector's `--listen`).
 pub const DEFAULT_COLLECTOR: &str = "http://127.0.0.1:7117";
 
@@ -56,6 +58,12 @@ pub struct Settings {
     /// Where sysfs is mounted [default: /sys].
     #[arg(long, value_name = "DIR")]
     pub sysfs_root: Option<PathBuf>,
+    /// Sources to sample, comma-separated: gpu (every GPU, through NVML), node
+    /// (the host's CPU, memory and load, through /proc), ib (InfiniBand
+    /// ports, through /sys). In the file, a list: sources = ["gpu", "node"]
+    /// [default: gpu,node,ib].
+    #[arg(long, value_name = "SOURCES", value_delimiter = ',')]
+    pub sources: Option<Vec<Source>>,
     /// NVML library to load [default: the system's libnvidia-ml.so.1].
     #[arg(long, value_name = "PATH")]
     pub nvml_lib: Option<PathBuf>,
@@ -124,6 +132,7 @@ impl Settings {
             node: self.node.or(other.node),
             procfs_root: self.procfs_root.or(other.procfs_root),
             sysfs_root: self.sysfs_root.or(other.sysfs_root),
+            sources: self.sources.or(other.sources),
             nvml_lib: self.nvml_lib.or(other.nvml_lib),
             max_pending_batches: self.max_pending_batches.or(other.max_pending_batches),
             spool_dir: self.spool_dir.or(other.spool_dir),
@@ -151,6 +160,8 @@ pub struct Config {
     pub node: String,
     pub procfs_root: PathBuf,
     pub sysfs_root: PathBuf,
+    /// The sources sampled, each once, in [`Source::ALL`]'s order.
+    pub sources: Vec<Source>,
     pub nvml_lib: Option<PathBuf>,
     pub max_pending_batches: usize,
     pub spool_dir: Option<PathBuf>,
@@ -208,6 +219,13 @@ impl Config {
             node,
             procfs_root,
             sysfs_root: s.sysfs_root.unwrap_or_else(|| PathBuf::from("/sys")),
+            sources: match s.sources {
+                Some(listed) => Source::ALL
+                    .into_iter()
+                    .filter(|source| listed.contains(source))
+                    .collect(),
+                None => Source::ALL.to_vec(),
+            },
             nvml_lib: s.nvml_lib,
             max_pending_batches: s.max_pending_batches.unwrap_or(3600),
             spool_dir: s.spool_dir,
@@ -252,6 +270,11 @@ impl Config {
         if config.process_interval < config.interval {
             return Err(ConfigError::Invalid(
                 "process-interval must be at least the sampling interval".into(),
+            ));
+        }
+        if config.sources.is_empty() {
+            return Err(ConfigError::Invalid(
+                "sources is empty: name at least one of gpu, node, ib".into(),
             ));
         }
         if config.max_pending_batches == 0 {
@@ -314,6 +337,48 @@ mod tests {
         assert_eq!(config.procfs_root, PathBuf::from("/proc"));
         assert_eq!(config.max_pending_batches, 3600);
         assert_eq!(config.metrics_listen, None);
+    }
+
+    #[test]
+    fn sources_come_from_file_or_flag_each_once_in_sampling_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.toml");
+        std::fs::write(
+            &path,
+            "node = \"n\"\nsources = [\"ib\", \"node\", \"ib\"]\n",
+        )
+        .unwrap();
+        let file = path.to_str().unwrap();
+        let load = |args: &[&str]| {
+            let mut argv = vec!["gputel-agent", "--plaintext"];
+            argv.extend_from_slice(args);
+            Config::load(&Cli::parse_from(argv))
+        };
+        assert_eq!(
+            load(&["--node", "n"]).unwrap().sources,
+            [Source::Gpu, Source::Node, Source::Ib]
+        );
+        assert_eq!(
+            load(&["--config", file]).unwrap().sources,
+            [Source::Node, Source::Ib]
+        );
+        assert_eq!(
+            load(&["--config", file, "--sources", "ib,gpu"])
+                .unwrap()
+                .sources,
+            [Source::Gpu, Source::Ib]
+        );
+
+        std::fs::write(&path, "node = \"n\"\nsources = []\n").unwrap();
+        let err = load(&["--config", file]).unwrap_err().to_string();
+        assert_eq!(err, "sources is empty: name at least one of gpu, node, ib");
+
+        std::fs::write(&path, "node = \"n\"\nsources = [\"gpu\", \"dcgm\"]\n").unwrap();
+        let err = load(&["--config", file]).unwrap_err().to_string();
+        assert!(
+            err.contains("unknown variant `dcgm`, expected one of `gpu`, `node`, `ib`"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -156,11 +156,7 @@ pub async fn run(
     let recorder = metrics_endpoint.as_ref().map(|(_, m)| Arc::clone(m));
     let ready_status = format!(
         "sampling {} every {:?}; delivering to {}",
-        match &samplers.gpu {
-            Ok(gpu) if gpu.gpu_count() == 1 => "1 GPU and the host".to_owned(),
-            Ok(gpu) => format!("{} GPUs and the host", gpu.gpu_count()),
-            Err(_) => "the host (no GPUs)".to_owned(),
-        },
+        samplers.describe(),
         config.interval,
         config.collector
     );

@@ -12,89 +12,153 @@ use tracing::{debug, info, warn};
 use crate::clock::{next_tick, now_us};
 use crate::config::Config;
 use crate::jobs::JobAttributor;
-use crate::sampler::gpu::{GpuOptions, GpuSampler, GpuUnavailable};
+use crate::sampler::gpu::{GpuOptions, GpuSampler};
 use crate::sampler::ib::IbSampler;
 use crate::sampler::node::NodeSampler;
+use crate::sampler::{Sampler, Source, Tick};
 use crate::systemd::Progress;
 
 /// Distinct error messages remembered for log deduplication.
 const MAX_REMEMBERED_ERRORS: usize = 1024;
 
-/// Every sampler of the node.
+/// The enabled samplers of the node, and job attribution of their rows.
 #[derive(Debug)]
 pub struct Samplers {
-    pub gpu: Result<GpuSampler, GpuUnavailable>,
-    pub node: NodeSampler,
-    pub ib: IbSampler,
-    pub jobs: JobAttributor,
+    samplers: Vec<Box<dyn Sampler>>,
+    jobs: JobAttributor,
+    gpus: Gpus,
+    /// Whether the host is sampled (`node`) and InfiniBand ports are (`ib`).
+    node: bool,
+    ib: bool,
     reported: HashSet<String>,
 }
 
-/// Rows of one tick (its `seq` is left at 0) and what failed while taking them.
-#[derive(Debug, Default)]
-pub struct Tick {
-    pub batch: Batch,
-    pub errors: Vec<String>,
+/// What became of the GPU source when the samplers were opened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Gpus {
+    /// NVML is loaded and sees `count` GPUs.
+    Sampled {
+        count: usize,
+        driver_version: Option<String>,
+    },
+    /// The source is enabled, but NVML could not be loaded or started: why, in words.
+    Unavailable(String),
+    /// The source is not in the configured sources.
+    Disabled,
 }
 
 impl Samplers {
-    /// Opens every source. A missing driver or missing InfiniBand is reported
-    /// here, once, and the other sources carry on.
+    /// Opens every configured source, in [`Source::ALL`]'s order. A missing
+    /// driver or missing InfiniBand is reported here, once, and the other
+    /// sources carry on.
     pub fn open(config: &Config) -> Self {
-        let gpu = GpuSampler::open(&GpuOptions {
-            lib: config.nvml_lib.clone(),
-            procfs_root: config.procfs_root.clone(),
-            process_interval_us: i64::try_from(config.process_interval.as_micros())
-                .unwrap_or(i64::MAX),
-        });
-        match &gpu {
-            Ok(gpu) => info!(
-                gpus = gpu.gpu_count(),
-                driver = gpu.driver_version().unwrap_or("unknown"),
-                "NVML loaded"
-            ),
-            Err(e) => warn!("GPUs will not be sampled: {e}"),
+        let enabled = |source| config.sources.contains(&source);
+        let mut samplers: Vec<Box<dyn Sampler>> = Vec::new();
+        let mut gpus = Gpus::Disabled;
+        if enabled(Source::Gpu) {
+            match GpuSampler::open(&GpuOptions {
+                lib: config.nvml_lib.clone(),
+                procfs_root: config.procfs_root.clone(),
+                process_interval_us: i64::try_from(config.process_interval.as_micros())
+                    .unwrap_or(i64::MAX),
+            }) {
+                Ok(gpu) => {
+                    let driver_version = gpu.driver_version().map(str::to_owned);
+                    info!(
+                        gpus = gpu.gpu_count(),
+                        driver = driver_version.as_deref().unwrap_or("unknown"),
+                        "NVML loaded"
+                    );
+                    gpus = Gpus::Sampled {
+                        count: gpu.gpu_count(),
+                        driver_version,
+                    };
+                    samplers.push(Box::new(gpu));
+                }
+                Err(e) => {
+                    warn!("GPUs will not be sampled: {e}");
+                    gpus = Gpus::Unavailable(e.to_string());
+                }
+            }
         }
-        let ib_dir = config.sysfs_root.join("class/infiniband");
-        if !ib_dir.is_dir() {
-            info!(
-                dir = %ib_dir.display(),
-                "no InfiniBand devices; IB ports will be sampled if they appear"
-            );
+        if enabled(Source::Node) {
+            samplers.push(Box::new(NodeSampler::new(&config.procfs_root)));
         }
-        let ib = IbSampler::new(&config.sysfs_root);
+        if enabled(Source::Ib) {
+            let ib_dir = config.sysfs_root.join("class/infiniband");
+            if !ib_dir.is_dir() {
+                info!(
+                    dir = %ib_dir.display(),
+                    "no InfiniBand devices; IB ports will be sampled if they appear"
+                );
+            }
+            samplers.push(Box::new(IbSampler::new(&config.sysfs_root)));
+        }
+        let disabled: Vec<_> = Source::ALL.into_iter().filter(|s| !enabled(*s)).collect();
+        if !disabled.is_empty() {
+            let names: Vec<_> = disabled.iter().map(|s| s.name()).collect();
+            info!(sources = ?names, "not sampled: left out of the configured sources");
+        }
         Self {
-            gpu,
-            node: NodeSampler::new(&config.procfs_root),
-            ib,
+            samplers,
             jobs: JobAttributor::new(&config.procfs_root, config.hpc_job_mapping_dir.clone()),
+            gpus,
+            node: enabled(Source::Node),
+            ib: enabled(Source::Ib),
             reported: HashSet::new(),
         }
     }
 
-    /// Samples every source at `ts_us`.
+    /// What became of the GPU source.
+    pub fn gpus(&self) -> &Gpus {
+        &self.gpus
+    }
+
+    /// What is sampled, in words: "8 GPUs and the host", "the host (no GPUs)".
+    pub fn describe(&self) -> String {
+        let host = match (self.node, self.ib) {
+            (true, _) => Some("the host"),
+            (false, true) => Some("InfiniBand ports"),
+            (false, false) => None,
+        };
+        let gpus = match &self.gpus {
+            Gpus::Sampled { count: 1, .. } => Some("1 GPU".to_owned()),
+            Gpus::Sampled { count, .. } => Some(format!("{count} GPUs")),
+            Gpus::Unavailable(_) | Gpus::Disabled => None,
+        };
+        let no_gpus = matches!(self.gpus, Gpus::Unavailable(_));
+        match (gpus, host) {
+            (Some(gpus), Some(host)) => format!("{gpus} and {host}"),
+            (Some(gpus), None) => gpus,
+            (None, Some(host)) if no_gpus => format!("{host} (no GPUs)"),
+            (None, Some(host)) => host.to_owned(),
+            (None, None) => "nothing (no GPUs)".to_owned(),
+        }
+    }
+
+    /// Samples every enabled source at `ts_us` and attributes the GPU rows
+    /// to jobs. Each distinct failure is logged once as a warning, and at
+    /// debug level after that; all of them are in the returned tick.
     pub fn sample(&mut self, ts_us: i64) -> Tick {
-        let mut tick = Tick::default();
-        if let Ok(gpu) = &mut self.gpu {
-            for e in gpu.sample(ts_us, &mut tick.batch) {
-                tick.errors.push(e.to_string());
+        let mut tick = Tick::new(ts_us);
+        for sampler in &mut self.samplers {
+            let before = tick.errors.len();
+            sampler.sample(&mut tick);
+            for e in &tick.errors[before..] {
+                let text = e.to_string();
+                let source = sampler.source().name();
+                if self.reported.len() < MAX_REMEMBERED_ERRORS && self.reported.insert(text.clone())
+                {
+                    warn!(
+                        source,
+                        "{text}; further failures like it are logged at debug level"
+                    );
+                } else {
+                    debug!(source, "{text}");
+                }
             }
         }
-        let mut errors = Vec::new();
-        tick.batch.node.push(self.node.sample(ts_us, &mut errors));
-        self.ib.sample(ts_us, &mut tick.batch.ib, &mut errors);
-        let listed = self.gpu.as_ref().is_ok_and(GpuSampler::processes_listed);
-        self.jobs.apply(&mut tick.batch, listed);
-        for e in errors {
-            let text = e.to_string();
-            // GPU errors are logged by their sampler; host errors here, once each.
-            if self.reported.len() < MAX_REMEMBERED_ERRORS && self.reported.insert(text.clone()) {
-                warn!("{text}");
-            } else {
-                debug!("{text}");
-            }
-            tick.errors.push(text);
-        }
+        self.jobs.apply(&mut tick.batch, tick.processes_listed);
         tick
     }
 }
@@ -146,6 +210,75 @@ pub fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
+
+    const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures");
+
+    fn samplers(args: &[&str]) -> Samplers {
+        samplers_on(&format!("{FIXTURES}/proc"), args)
+    }
+
+    /// Samplers on the fixture trees, with procfs at `proc`, and no NVML.
+    fn samplers_on(proc: &str, args: &[&str]) -> Samplers {
+        let sys = format!("{FIXTURES}/sys");
+        let mut argv = vec![
+            "gputel-agent",
+            "--plaintext",
+            "--node",
+            "n",
+            "--nvml-lib",
+            "/nonexistent/libnvidia-ml.so.1",
+            "--procfs-root",
+            proc,
+            "--sysfs-root",
+            &sys,
+        ];
+        argv.extend_from_slice(args);
+        let config = Config::load(&crate::config::Cli::parse_from(argv)).expect("config");
+        Samplers::open(&config)
+    }
+
+    #[test]
+    fn only_enabled_sources_are_sampled_and_described() {
+        let mut all = samplers(&[]);
+        assert!(matches!(all.gpus(), Gpus::Unavailable(why) if why.contains("/nonexistent")));
+        assert_eq!(all.describe(), "the host (no GPUs)");
+        let tick = all.sample(1_000_000);
+        assert_eq!((tick.batch.node.len(), tick.batch.ib.len()), (1, 4));
+
+        let mut ib = samplers(&["--sources", "ib"]);
+        assert_eq!(ib.gpus(), &Gpus::Disabled);
+        assert_eq!(ib.describe(), "InfiniBand ports");
+        let tick = ib.sample(1_000_000);
+        assert_eq!((tick.batch.node.len(), tick.batch.ib.len()), (0, 4));
+
+        assert_eq!(samplers(&["--sources", "node"]).describe(), "the host");
+        assert_eq!(
+            samplers(&["--sources", "gpu"]).describe(),
+            "nothing (no GPUs)"
+        );
+    }
+
+    #[test]
+    fn every_failure_is_in_the_tick_each_time_it_happens() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let proc = root.path().to_str().expect("utf-8");
+        // No stat, meminfo or loadavg: three errors, at every tick.
+        let mut host = samplers_on(proc, &["--sources", "node"]);
+        for ts in [1_000_000, 2_000_000] {
+            let errors: Vec<String> = host
+                .sample(ts)
+                .errors
+                .iter()
+                .map(|e| e.to_string())
+                .collect();
+            assert_eq!(errors.len(), 3, "{errors:?}");
+            assert!(
+                errors[0].starts_with(&format!("cannot read {proc}/stat: ")),
+                "{errors:?}"
+            );
+        }
+    }
 
     #[test]
     fn ticks_fall_on_multiples_of_the_interval() {

@@ -7,7 +7,7 @@ use gputel_proto::{GpuEvent, GpuProcess, GpuSample, IbPortSample, NodeSample};
 use serde::Serialize;
 
 use crate::clock::now_us;
-use crate::sampling::Samplers;
+use crate::sampling::{Gpus, Samplers};
 
 /// What `--once` prints.
 #[derive(Debug, Serialize)]
@@ -19,7 +19,8 @@ pub struct Snapshot {
     pub agent_version: &'static str,
     pub gpu_status: GpuStatus,
     pub gpus: Vec<GpuSample>,
-    pub host: NodeSample,
+    /// The host's row; null when `node` is not among the sources.
+    pub host: Option<NodeSample>,
     pub ib_ports: Vec<IbPortSample>,
     /// Events seen while the snapshot was taken (XID errors, lost GPUs, throttling).
     pub events: Vec<GpuEvent>,
@@ -44,16 +45,21 @@ pub fn take(node: &str, mut samplers: Samplers, gap: Duration) -> Snapshot {
     std::thread::sleep(gap);
     let ts_us = now_us();
     let tick = samplers.sample(ts_us);
-    let gpu_status = match &samplers.gpu {
-        Ok(gpu) => GpuStatus {
+    let gpu_status = match samplers.gpus() {
+        Gpus::Sampled { driver_version, .. } => GpuStatus {
             available: true,
-            driver_version: gpu.driver_version().map(str::to_owned),
+            driver_version: driver_version.clone(),
             reason: None,
         },
-        Err(e) => GpuStatus {
+        Gpus::Unavailable(why) => GpuStatus {
             available: false,
             driver_version: None,
-            reason: Some(format!("GPUs are unavailable: {e}")),
+            reason: Some(format!("GPUs are unavailable: {why}")),
+        },
+        Gpus::Disabled => GpuStatus {
+            available: false,
+            driver_version: None,
+            reason: Some("GPUs are not sampled: gpu is not among the configured sources".into()),
         },
     };
     let mut batch = tick.batch;
@@ -69,11 +75,11 @@ pub fn take(node: &str, mut samplers: Samplers, gap: Duration) -> Snapshot {
         agent_version: env!("CARGO_PKG_VERSION"),
         gpu_status,
         gpus: std::mem::take(&mut batch.gpu),
-        host: batch.node.pop().unwrap_or_default(),
+        host: batch.node.pop(),
         ib_ports: batch.ib,
         events,
         gpu_processes,
-        errors: tick.errors,
+        errors: tick.errors.iter().map(ToString::to_string).collect(),
     }
 }
 

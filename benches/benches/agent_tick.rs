@@ -32,6 +32,7 @@ use gputel_agent::config::{Cli, Config};
 use gputel_agent::sampler::gpu::{GpuOptions, GpuSampler};
 use gputel_agent::sampler::ib::IbSampler;
 use gputel_agent::sampler::node::NodeSampler;
+use gputel_agent::sampler::{Sampler, Tick};
 use gputel_agent::sampling::Samplers;
 use gputel_benches::{Cluster, SECOND_US, START_US, fake_nvml_lib, fixtures_dir};
 use gputel_proto::{AgentMessage, Batch, GpuSample, agent_message};
@@ -106,9 +107,15 @@ fn full_size_proc() -> tempfile::TempDir {
 /// would measure the wrong thing.
 fn checked_node_sampler(root: &Path, cpus: u32) -> NodeSampler {
     let mut sampler = NodeSampler::new(root);
-    let mut errors = Vec::new();
-    let sample = sampler.sample(START_US, &mut errors);
-    assert!(errors.is_empty(), "{}: {errors:?}", root.display());
+    let mut tick = Tick::new(START_US);
+    sampler.sample(&mut tick);
+    assert!(
+        tick.errors.is_empty(),
+        "{}: {:?}",
+        root.display(),
+        tick.errors
+    );
+    let sample = &tick.batch.node[0];
     assert_eq!(sample.cpu_count, cpus, "{}", root.display());
     assert!(sample.memory_available_bytes.is_some() && sample.load1.is_some());
     sampler
@@ -116,12 +123,13 @@ fn checked_node_sampler(root: &Path, cpus: u32) -> NodeSampler {
 
 fn checked_ib_sampler() -> IbSampler {
     let mut sampler = IbSampler::new(sys_fixture());
-    let (mut out, mut errors) = (Vec::new(), Vec::new());
-    for tick in 0..2 {
-        out.clear();
-        sampler.sample(START_US + tick * SECOND_US, &mut out, &mut errors);
+    let mut tick = Tick::default();
+    for n in 0..2 {
+        tick = Tick::new(START_US + n * SECOND_US);
+        sampler.sample(&mut tick);
+        assert!(tick.errors.is_empty(), "{:?}", tick.errors);
     }
-    assert!(errors.is_empty(), "{errors:?}");
+    let out = tick.batch.ib;
     assert_eq!(out.len(), 4);
     assert!(out.iter().all(|p| p.xmit_bytes_per_s.is_some()), "{out:?}");
     sampler
@@ -154,28 +162,27 @@ fn host(c: &mut Criterion) {
         ),
     ] {
         let mut sampler = checked_node_sampler(&root, cpus);
-        let mut errors = Vec::new();
         let mut ts = START_US;
         // The files do not change, so after the first tick the CPU shares are
         // skipped (no time passed): a few float operations less than in production.
         g.bench_function(name, |b| {
             b.iter(|| {
                 ts += SECOND_US;
-                errors.clear();
-                black_box(sampler.sample(ts, &mut errors))
+                let mut tick = Tick::new(ts);
+                sampler.sample(&mut tick);
+                black_box(tick)
             })
         });
     }
 
     let mut ib = checked_ib_sampler();
-    let (mut out, mut errors) = (Vec::new(), Vec::new());
     let mut ts = START_US + 2 * SECOND_US;
     g.bench_function("ib_sample/4_ports", |b| {
         b.iter(|| {
             ts += SECOND_US;
-            out.clear();
-            errors.clear();
-            black_box(ib.sample(ts, &mut out, &mut errors))
+            let mut tick = Tick::new(ts);
+            ib.sample(&mut tick);
+            black_box(tick)
         })
     });
 
@@ -214,27 +221,28 @@ fn host(c: &mut Criterion) {
         let mut ib = checked_ib_sampler();
         let mut ts = START_US + 2 * SECOND_US;
         let mut seq = 0;
-        let mut errors = Vec::new();
+        let mut errors = 0;
         g.bench_function(name, |b| {
             b.iter(|| {
                 ts += SECOND_US;
                 seq += 1;
-                errors.clear();
-                let mut batch = Batch {
+                let mut tick = Tick::new(ts);
+                tick.batch = Batch {
                     seq,
                     gpu: gpus.clone(),
                     node: Vec::with_capacity(1),
                     ib: Vec::with_capacity(4),
                     ..Batch::default()
                 };
-                batch.node.push(node.sample(ts, &mut errors));
-                ib.sample(ts, &mut batch.ib, &mut errors);
-                encode_tick(&batch, &mut buf);
+                node.sample(&mut tick);
+                ib.sample(&mut tick);
+                errors += tick.errors.len();
+                encode_tick(&tick.batch, &mut buf);
                 black_box(&buf);
-                batch
+                tick
             })
         });
-        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(errors, 0, "a fixture failed to read");
     }
     g.finish();
 }
@@ -276,15 +284,13 @@ fn with_nvml(c: &mut Criterion) {
     );
     let mut g = c.benchmark_group("agent_tick");
 
-    let mut out = Batch::default();
     let mut ts = START_US;
     g.bench_function(format!("gpu_sample/{label}"), |b| {
         b.iter(|| {
             ts += SECOND_US;
-            out.gpu.clear();
-            out.event.clear();
-            out.gpu_process.clear();
-            black_box(gpu.sample(ts, &mut out))
+            let mut tick = Tick::new(ts);
+            gpu.sample(&mut tick);
+            black_box(tick)
         })
     });
     drop(gpu);

@@ -7,6 +7,7 @@
 use arbitrary::Arbitrary;
 use gputel_agent::jobs::{owner_from_cgroup, slurm_job_from_environ};
 use gputel_agent::sampler::node::NodeSampler;
+use gputel_agent::sampler::{Sampler, Tick};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Debug, Arbitrary)]
@@ -26,10 +27,13 @@ fuzz_target!(|input: Proc| {
     write("meminfo", &input.meminfo);
     write("loadavg", &input.loadavg);
     let mut sampler = NodeSampler::new(root.path());
-    let mut errors = Vec::new();
-    for (tick, stat) in input.stat.iter().enumerate() {
+    for (n, stat) in input.stat.iter().enumerate() {
         write("stat", stat);
-        let sample = sampler.sample(tick as i64 * 1_000_000, &mut errors);
+        let mut tick = Tick::new(n as i64 * 1_000_000);
+        sampler.sample(&mut tick);
+        let [sample] = tick.batch.node.as_slice() else {
+            panic!("one node row per tick, got {}", tick.batch.node.len());
+        };
         for share in [
             sample.cpu_user_pct,
             sample.cpu_system_pct,

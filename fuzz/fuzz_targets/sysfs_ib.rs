@@ -6,6 +6,7 @@
 
 use arbitrary::Arbitrary;
 use gputel_agent::sampler::ib::IbSampler;
+use gputel_agent::sampler::{Sampler, Tick};
 use libfuzzer_sys::fuzz_target;
 
 /// Files under ports/1/, in the order a tick's contents fill them.
@@ -60,9 +61,9 @@ fuzz_target!(|port: Port| {
                 }
             }
         }
-        let (mut out, mut errors) = (Vec::new(), Vec::new());
-        sampler.sample(ts_us, &mut out, &mut errors);
-        for sample in &out {
+        let mut tick = Tick::new(ts_us);
+        sampler.sample(&mut tick);
+        for sample in &tick.batch.ib {
             for rate in [
                 sample.xmit_bytes_per_s,
                 sample.rcv_bytes_per_s,

@@ -52,10 +52,11 @@ fn fixture_ports() -> i64 {
         .sum()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_agent_library_streams_every_tick_to_the_collector_library() {
+/// Runs the agent library for [`TICKS`] ticks, with `extra` flags, against
+/// the collector library, and returns its summary once the collector has
+/// written everything out under `store_dir`.
+async fn run_agent_against_collector(store_dir: &Path, extra: &[&str]) -> gputel_agent::Summary {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store_dir = dir.path().join("store");
     let store = gputel_collector::store::open_store(
         store_dir.to_str().expect("utf-8 temp path"),
         &Default::default(),
@@ -81,7 +82,7 @@ async fn the_agent_library_streams_every_tick_to_the_collector_library() {
 
     let fake = fake_nvml();
     let (procfs, sysfs) = (fixture("proc"), fixture("sys"));
-    let cli = gputel_agent::config::Cli::parse_from([
+    let mut args: Vec<&std::ffi::OsStr> = vec![
         "gputel-agent".as_ref(),
         "--collector".as_ref(),
         collector.as_ref(),
@@ -96,7 +97,9 @@ async fn the_agent_library_streams_every_tick_to_the_collector_library() {
         procfs.as_os_str(),
         "--sysfs-root".as_ref(),
         sysfs.as_os_str(),
-    ] as [&std::ffi::OsStr; 14]);
+    ];
+    args.extend(extra.iter().map(std::ffi::OsStr::new));
+    let cli = gputel_agent::config::Cli::parse_from(args);
     let config = gputel_agent::config::Config::load(&cli).expect("agent config");
 
     // With a tick count the agent stops by itself once it has delivered them.
@@ -111,13 +114,21 @@ async fn the_agent_library_streams_every_tick_to_the_collector_library() {
         .await
         .expect("the collector stops")
         .expect("the collector shuts down cleanly");
-
-    // The fake's built-in scenario: eight H100s.
-    let gpus = 8;
     assert_eq!(summary.ticks, TICKS);
     assert_eq!(summary.delivery.produced, TICKS);
     assert_eq!(summary.delivery.acknowledged, TICKS);
     assert!(summary.delivered_all(), "{}", summary.line());
+    summary
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_library_streams_every_tick_to_the_collector_library() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store_dir = dir.path().join("store");
+    let summary = run_agent_against_collector(&store_dir, &[]).await;
+
+    // The fake's built-in scenario: eight H100s.
+    let gpus = 8;
     let rows = summary.delivery.acknowledged_rows;
     assert_eq!(rows.gpu, TICKS * gpus);
     assert_eq!(rows.node, TICKS);
@@ -129,4 +140,30 @@ async fn the_agent_library_streams_every_tick_to_the_collector_library() {
         stored_rows(&store_dir, "ib"),
         TICKS as i64 * fixture_ports()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_configured_sources_reach_the_store() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gpu_only = dir.path().join("gpu-only");
+    let rows = run_agent_against_collector(&gpu_only, &["--sources", "gpu"])
+        .await
+        .delivery
+        .acknowledged_rows;
+    assert_eq!((rows.gpu, rows.node, rows.ib), (TICKS * 8, 0, 0));
+    assert_eq!(stored_rows(&gpu_only, "gpu"), (TICKS * 8) as i64);
+    assert_eq!(stored_rows(&gpu_only, "node"), 0);
+    assert_eq!(stored_rows(&gpu_only, "ib"), 0);
+
+    let host_only = dir.path().join("host-only");
+    let rows = run_agent_against_collector(&host_only, &["--sources", "node,ib"])
+        .await
+        .delivery
+        .acknowledged_rows;
+    assert_eq!(
+        (rows.gpu, rows.node, rows.ib as i64),
+        (0, TICKS, TICKS as i64 * fixture_ports())
+    );
+    assert_eq!(stored_rows(&host_only, "gpu"), 0);
+    assert_eq!(stored_rows(&host_only, "node"), TICKS as i64);
 }

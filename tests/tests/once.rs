@@ -6,6 +6,15 @@ use gputel_tests::{SCENARIO_ENV, agent_bin, fake_nvml, fixture, workspace_root};
 use serde_json::{Value, json};
 
 fn once(nvml_lib: &std::path::Path, scenario: Option<&std::path::Path>) -> Value {
+    once_with(nvml_lib, scenario, &[])
+}
+
+/// `--once` with `args` added to the usual flags.
+fn once_with(
+    nvml_lib: &std::path::Path,
+    scenario: Option<&std::path::Path>,
+    args: &[&str],
+) -> Value {
     let mut cmd = Command::new(agent_bin());
     cmd.args(["--once", "--node", "gpu-node-017", "--interval", "50ms"])
         .arg("--nvml-lib")
@@ -14,6 +23,7 @@ fn once(nvml_lib: &std::path::Path, scenario: Option<&std::path::Path>) -> Value
         .arg(fixture("proc"))
         .arg("--sysfs-root")
         .arg(fixture("sys"))
+        .args(args)
         .env_remove(SCENARIO_ENV);
     if let Some(scenario) = scenario {
         cmd.env(SCENARIO_ENV, scenario);
@@ -165,5 +175,51 @@ fn a_driver_that_is_not_running_is_named() {
     assert!(
         reason.ends_with("is loaded but the driver is not running"),
         "{reason}"
+    );
+}
+
+#[test]
+fn a_source_left_out_of_sources_is_not_read() {
+    // Without gpu, NVML is not even loaded: a missing library is no error.
+    let host_only = once_with(
+        std::path::Path::new("/nonexistent/libnvidia-ml.so.1"),
+        None,
+        &["--sources", "node"],
+    );
+    assert_eq!(
+        host_only["gpu_status"],
+        json!({
+            "available": false,
+            "driver_version": null,
+            "reason": "GPUs are not sampled: gpu is not among the configured sources"
+        })
+    );
+    assert_eq!(host_only["gpus"], json!([]));
+    assert_eq!(host_only["ib_ports"], json!([]));
+    assert_eq!(
+        host_only["host"]["memory_total_bytes"],
+        json!(2_164_110_770_176_u64)
+    );
+    assert_eq!(host_only["errors"], json!([]));
+
+    let without_host = once_with(&fake_nvml(), None, &["--sources", "ib,gpu"]);
+    assert_eq!(without_host["gpu_status"]["available"], json!(true));
+    assert_eq!(without_host["gpus"].as_array().map(Vec::len), Some(8));
+    assert_eq!(without_host["host"], json!(null));
+    assert_eq!(without_host["ib_ports"].as_array().map(Vec::len), Some(4));
+}
+
+#[test]
+fn an_unknown_source_is_refused_with_the_known_ones() {
+    let out = Command::new(agent_bin())
+        .args(["--once", "--node", "n", "--sources", "gpu,nvlink"])
+        .output()
+        .expect("run gputel-agent");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("invalid value 'nvlink' for '--sources <SOURCES>'")
+            && stderr.contains("[possible values: gpu, node, ib]"),
+        "{stderr}"
     );
 }

@@ -10,14 +10,13 @@
 //! Compute processes are listed at a slower cadence: those calls are slow and
 //! hold a driver lock.
 
-use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use gputel_proto::{Batch, EventKind, GpuEvent, GpuProcess, GpuSample};
+use gputel_proto::{EventKind, GpuEvent, GpuProcess, GpuSample};
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
 use nvml_wrapper::enums::device::{SampleValue, UsedGpuMemory};
@@ -29,6 +28,7 @@ use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper::{Device, Nvml};
 use tracing::{debug, info, warn};
 
+use super::{SampleError, Sampler, Source, Tick};
 use crate::clock::now_us;
 use gputel_proto::clock_event_reasons as reason;
 
@@ -186,18 +186,13 @@ struct Xid {
 /// Samples every GPU NVML reports.
 #[derive(Debug)]
 pub struct GpuSampler {
-    nvml: &'static Nvml,
     gpus: Vec<GpuState>,
     driver_version: Option<String>,
-    /// (gpu, metric) pairs whose failure was already logged.
-    reported: HashSet<(u32, &'static str)>,
     xids: Arc<Mutex<Vec<Xid>>>,
     xid_watcher: Option<XidWatcher>,
     procfs_root: PathBuf,
     process_interval_us: i64,
     next_process_ts: i64,
-    /// Whether the last [`GpuSampler::sample`] listed the compute processes.
-    processes_listed: bool,
 }
 
 impl GpuSampler {
@@ -268,16 +263,13 @@ impl GpuSampler {
         let xids = Arc::new(Mutex::new(Vec::new()));
         let xid_watcher = XidWatcher::start(nvml, &gpus, Arc::clone(&xids));
         Ok(Self {
-            nvml,
             gpus,
             driver_version: nvml.sys_driver_version().ok(),
-            reported: HashSet::new(),
             xids,
             xid_watcher,
             procfs_root: options.procfs_root.clone(),
             process_interval_us: options.process_interval_us.max(1),
             next_process_ts: i64::MIN,
-            processes_listed: false,
         })
     }
 
@@ -290,13 +282,19 @@ impl GpuSampler {
     pub fn driver_version(&self) -> Option<&str> {
         self.driver_version.as_deref()
     }
+}
 
-    /// Adds one row per reachable GPU to `batch`, the events since the last
-    /// tick and, when due, the compute processes. Unsupported metrics are
-    /// left unset; other failures are unset too and returned (each (GPU,
-    /// metric) pair is logged once, then at debug level).
-    pub fn sample(&mut self, ts_us: i64, batch: &mut Batch) -> Vec<GpuError> {
-        let mut errors = Vec::new();
+impl Sampler for GpuSampler {
+    fn source(&self) -> Source {
+        Source::Gpu
+    }
+
+    /// One row per reachable GPU, the events since the last tick and, when
+    /// due, the compute processes. Unsupported metrics are left unset; other
+    /// failures are unset too, and reported.
+    fn sample(&mut self, tick: &mut Tick) {
+        let ts_us = tick.ts_us;
+        let batch = &mut tick.batch;
         let xids = std::mem::take(&mut *self.xids.lock().unwrap_or_else(|e| e.into_inner()));
         for x in &xids {
             if let Some(gpu) = self.gpus.iter().find(|g| g.index == x.gpu) {
@@ -311,14 +309,14 @@ impl GpuSampler {
             }
         }
         let list_processes = ts_us >= self.next_process_ts;
-        self.processes_listed = list_processes;
+        tick.processes_listed = list_processes;
         if list_processes {
             self.next_process_ts = crate::clock::next_tick(ts_us, self.process_interval_us);
         }
         for gpu in &mut self.gpus {
             let mut read = Reader {
                 gpu: gpu.index,
-                errors: &mut errors,
+                errors: &mut tick.errors,
                 lost: None,
             };
             let xid_count = xids.iter().filter(|x| x.gpu == gpu.index).count() as u32;
@@ -354,24 +352,6 @@ impl GpuSampler {
                 );
             }
         }
-        for e in &errors {
-            if self.reported.insert((e.gpu, e.metric)) {
-                warn!(gpu = e.gpu, metric = e.metric, error = %e.source, "GPU metric unavailable; further failures of it are logged at debug level");
-            } else {
-                debug!(gpu = e.gpu, metric = e.metric, error = %e.source, "GPU metric unavailable");
-            }
-        }
-        errors
-    }
-
-    /// Whether the last tick listed every GPU's compute processes.
-    pub fn processes_listed(&self) -> bool {
-        self.processes_listed
-    }
-
-    /// The NVML library handle.
-    pub fn nvml(&self) -> &'static Nvml {
-        self.nvml
     }
 }
 
@@ -386,7 +366,7 @@ impl Drop for GpuSampler {
 /// Collects failures while one device is read.
 struct Reader<'a> {
     gpu: u32,
-    errors: &'a mut Vec<GpuError>,
+    errors: &'a mut Vec<SampleError>,
     /// Set when NVML says the GPU is lost.
     lost: Option<String>,
 }
@@ -403,11 +383,11 @@ impl Reader<'_> {
                 None
             }
             Err(source) => {
-                self.errors.push(GpuError {
+                self.errors.push(SampleError::Gpu(GpuError {
                     gpu: self.gpu,
                     metric,
                     source,
-                });
+                }));
                 None
             }
         }

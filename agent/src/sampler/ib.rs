@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use gputel_proto::IbPortSample;
 
-use super::SampleError;
+use super::{SampleError, Sampler, Source, Tick};
 
 /// Where the devices live, relative to the sysfs root.
 const CLASS_DIR: &str = "class/infiniband";
@@ -112,37 +112,6 @@ impl IbSampler {
         }
     }
 
-    /// Appends one IbPortSample per port found under `<root>/class/infiniband/*/ports/*/`,
-    /// sorted by (device, port), and returns how many it appended: 0 when there
-    /// is no `class/infiniband` dir (no IB is normal, not an error).
-    /// A broken port pushes its error to `errors` and the other ports are still sampled.
-    pub fn sample(
-        &mut self,
-        ts_us: i64,
-        out: &mut Vec<IbPortSample>,
-        errors: &mut Vec<SampleError>,
-    ) -> usize {
-        let Some(ports) = self.list_ports(errors) else {
-            return 0;
-        };
-        // Ports that disappeared are forgotten: if one comes back, its first
-        // reading starts afresh instead of looking like a counter reset.
-        self.ports.retain(|key, _| {
-            ports
-                .iter()
-                .any(|(dev, port, _)| key.0 == *dev && key.1 == *port)
-        });
-
-        let before = out.len();
-        for (device, port, dir) in ports {
-            let history = self.ports.entry((device.clone(), port)).or_default();
-            if let Some(sample) = sample_port(ts_us, device, port, &dir, history, errors) {
-                out.push(sample);
-            }
-        }
-        out.len() - before
-    }
-
     /// Every (device, port, port directory), sorted; None when there are no
     /// InfiniBand devices at all or their directory cannot be listed.
     fn list_ports(&mut self, errors: &mut Vec<SampleError>) -> Option<Vec<(String, u32, PathBuf)>> {
@@ -223,6 +192,38 @@ impl IbSampler {
         }
         ports.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
         Some(ports)
+    }
+}
+
+impl Sampler for IbSampler {
+    fn source(&self) -> Source {
+        Source::Ib
+    }
+
+    /// One IbPortSample per port found under `<root>/class/infiniband/*/ports/*/`,
+    /// sorted by (device, port); none when there is no `class/infiniband`
+    /// directory (no IB is normal, not an error). A broken port adds its error
+    /// and the other ports are still sampled.
+    fn sample(&mut self, tick: &mut Tick) {
+        let Some(ports) = self.list_ports(&mut tick.errors) else {
+            return;
+        };
+        // Ports that disappeared are forgotten: if one comes back, its first
+        // reading starts afresh instead of looking like a counter reset.
+        self.ports.retain(|key, _| {
+            ports
+                .iter()
+                .any(|(dev, port, _)| key.0 == *dev && key.1 == *port)
+        });
+
+        for (device, port, dir) in ports {
+            let history = self.ports.entry((device.clone(), port)).or_default();
+            if let Some(sample) =
+                sample_port(tick.ts_us, device, port, &dir, history, &mut tick.errors)
+            {
+                tick.batch.ib.push(sample);
+            }
+        }
     }
 }
 
@@ -556,11 +557,11 @@ mod tests {
         fs::write(path, text).expect("write file");
     }
 
+    /// One tick of `sampler` through the [`Sampler`] contract.
     fn sample(sampler: &mut IbSampler, ts_us: i64) -> (Vec<IbPortSample>, Vec<SampleError>) {
-        let (mut out, mut errors) = (Vec::new(), Vec::new());
-        let n = sampler.sample(ts_us, &mut out, &mut errors);
-        assert_eq!(n, out.len());
-        (out, errors)
+        let mut tick = Tick::new(ts_us);
+        sampler.sample(&mut tick);
+        (tick.batch.ib, tick.errors)
     }
 
     fn find<'a>(samples: &'a [IbPortSample], device: &str) -> &'a IbPortSample {

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use gputel_proto::NodeSample;
 use procfs::{CpuTime, FromRead, FromReadSI, KernelStats, LoadAverage, Meminfo, ProcError};
 
-use super::SampleError;
+use super::{SampleError, Sampler, Source, Tick};
 
 /// File names under the procfs root.
 const STAT: &str = "stat";
@@ -35,11 +35,9 @@ impl NodeSampler {
         }
     }
 
-    /// One NodeSample for the tick. CPU shares need the previous tick, so the first call leaves them None.
-    ///
-    /// Fills what it can: a file that cannot be read or parsed leaves its
-    /// fields unset (`cpu_count` 0 for `stat`) and pushes one error to `errors`.
-    pub fn sample(&mut self, ts_us: i64, errors: &mut Vec<SampleError>) -> NodeSample {
+    /// The tick's NodeSample. CPU shares need the previous tick, so the first
+    /// call leaves them None.
+    fn read(&mut self, ts_us: i64, errors: &mut Vec<SampleError>) -> NodeSample {
         let mut sample = NodeSample {
             ts_us,
             ..NodeSample::default()
@@ -87,7 +85,23 @@ impl NodeSampler {
 
         sample
     }
+}
 
+impl Sampler for NodeSampler {
+    fn source(&self) -> Source {
+        Source::Node
+    }
+
+    /// One [`NodeSample`]. A file that cannot be read or parsed leaves its
+    /// fields unset (`cpu_count` 0 for `stat`) and adds one error; the other
+    /// files still fill theirs.
+    fn sample(&mut self, tick: &mut Tick) {
+        let sample = self.read(tick.ts_us, &mut tick.errors);
+        tick.batch.node.push(sample);
+    }
+}
+
+impl NodeSampler {
     fn read_stat(&self) -> Result<KernelStats, SampleError> {
         let path = self.root.join(STAT);
         let text = read_kernel_text(&path)?;
@@ -306,6 +320,16 @@ mod tests {
     const TOTAL_BYTES: u64 = 2_113_389_424 * 1024;
     const AVAILABLE_BYTES: u64 = 1_876_542_180 * 1024;
 
+    /// One tick of `sampler` through the [`Sampler`] contract: its one row,
+    /// its errors added to `errors`.
+    fn sample(sampler: &mut NodeSampler, ts_us: i64, errors: &mut Vec<SampleError>) -> NodeSample {
+        let mut tick = Tick::new(ts_us);
+        sampler.sample(&mut tick);
+        errors.append(&mut tick.errors);
+        assert_eq!(tick.batch.node.len(), 1, "one node row per tick");
+        tick.batch.node.pop().expect("one row")
+    }
+
     fn fixture(dir: &str) -> PathBuf {
         Path::new(FIXTURES).join(dir)
     }
@@ -343,7 +367,7 @@ mod tests {
     fn first_sample_reads_the_fixture_without_cpu_shares() {
         let mut sampler = NodeSampler::new(fixture("proc"));
         let mut errors = Vec::new();
-        let s = sampler.sample(TS, &mut errors);
+        let s = sample(&mut sampler, TS, &mut errors);
         assert!(errors.is_empty(), "{errors:?}");
         assert_eq!(
             s,
@@ -375,9 +399,9 @@ mod tests {
         let root = temp_root("proc");
         let mut sampler = NodeSampler::new(root.path());
         let mut errors = Vec::new();
-        sampler.sample(TS, &mut errors);
+        sample(&mut sampler, TS, &mut errors);
         copy_files("proc-later", root.path());
-        let s = sampler.sample(TS + 1_000_000, &mut errors);
+        let s = sample(&mut sampler, TS + 1_000_000, &mut errors);
         assert!(errors.is_empty(), "{errors:?}");
         assert_eq!(s.cpu_count, 8);
         assert_eq!(s.cpu_user_pct, Some(55.0));
@@ -407,9 +431,9 @@ mod tests {
         let mut sampler = NodeSampler::new(root.path());
         let mut errors = Vec::new();
         write(root.path(), STAT, &stat(before));
-        sampler.sample(TS, &mut errors);
+        sample(&mut sampler, TS, &mut errors);
         write(root.path(), STAT, &stat(after));
-        let s = sampler.sample(TS + 1_000_000, &mut errors);
+        let s = sample(&mut sampler, TS + 1_000_000, &mut errors);
         assert!(errors.is_empty(), "{errors:?}");
         s
     }
@@ -452,12 +476,12 @@ mod tests {
         let root = temp_root("proc");
         let mut sampler = NodeSampler::new(root.path());
         let mut errors = Vec::new();
-        sampler.sample(TS, &mut errors);
+        sample(&mut sampler, TS, &mut errors);
         let mut lower = fixture_text("proc", STAT);
         lower = lower.replacen("cpu  416699676 ", "cpu  416699000 ", 1);
         write(root.path(), STAT, &lower);
         assert_eq!(
-            shares(&sampler.sample(TS + 1_000_000, &mut errors)),
+            shares(&sample(&mut sampler, TS + 1_000_000, &mut errors)),
             [None; 4]
         );
         let raised = lower.replacen(
@@ -466,7 +490,7 @@ mod tests {
             1,
         );
         write(root.path(), STAT, &raised);
-        let s = sampler.sample(TS + 2_000_000, &mut errors);
+        let s = sample(&mut sampler, TS + 2_000_000, &mut errors);
         assert!(errors.is_empty(), "{errors:?}");
         assert_eq!(shares(&s), [Some(50.0), Some(0.0), Some(0.0), Some(50.0)]);
     }
@@ -482,7 +506,7 @@ mod tests {
         let root = temp_root("proc");
         write(root.path(), STAT, "");
         let mut errors = Vec::new();
-        let s = NodeSampler::new(root.path()).sample(TS, &mut errors);
+        let s = sample(&mut NodeSampler::new(root.path()), TS, &mut errors);
         assert_eq!(only_parse_error(&errors), root.path().join(STAT));
         assert_eq!(s.cpu_count, 0);
         assert_eq!(s.memory_total_bytes, Some(TOTAL_BYTES));
@@ -497,7 +521,7 @@ mod tests {
         let cut = text.find("cpu3 ").expect("cpu3 line") + "cpu3 51364897 449".len();
         write(root.path(), STAT, &text[..cut]);
         let mut errors = Vec::new();
-        let s = NodeSampler::new(root.path()).sample(TS, &mut errors);
+        let s = sample(&mut NodeSampler::new(root.path()), TS, &mut errors);
         assert_eq!(only_parse_error(&errors), root.path().join(STAT));
         assert_eq!(s.cpu_count, 0);
         assert_eq!(s.memory_total_bytes, Some(TOTAL_BYTES));
@@ -508,12 +532,12 @@ mod tests {
         let root = temp_root("proc");
         let mut sampler = NodeSampler::new(root.path());
         let mut errors = Vec::new();
-        sampler.sample(TS, &mut errors);
+        sample(&mut sampler, TS, &mut errors);
         write(root.path(), STAT, "garbage\n");
-        sampler.sample(TS + 1_000_000, &mut errors);
+        sample(&mut sampler, TS + 1_000_000, &mut errors);
         assert_eq!(only_parse_error(&errors), root.path().join(STAT));
         copy_files("proc-later", root.path());
-        let s = sampler.sample(TS + 2_000_000, &mut errors);
+        let s = sample(&mut sampler, TS + 2_000_000, &mut errors);
         assert_eq!(shares(&s), [Some(55.0), Some(10.0), Some(1.0), Some(34.0)]);
     }
 
@@ -524,7 +548,7 @@ mod tests {
         let cut = text.find("MemAvailable").expect("MemAvailable line") + "MemAvail".len();
         write(root.path(), MEMINFO, &text[..cut]);
         let mut errors = Vec::new();
-        let s = NodeSampler::new(root.path()).sample(TS, &mut errors);
+        let s = sample(&mut NodeSampler::new(root.path()), TS, &mut errors);
         assert_eq!(only_parse_error(&errors), root.path().join(MEMINFO));
         assert_eq!(s.memory_total_bytes, None);
         assert_eq!(s.memory_used_bytes, None);
@@ -542,7 +566,7 @@ mod tests {
             .collect();
         write(root.path(), MEMINFO, &text);
         let mut errors = Vec::new();
-        let s = NodeSampler::new(root.path()).sample(TS, &mut errors);
+        let s = sample(&mut NodeSampler::new(root.path()), TS, &mut errors);
         assert!(errors.is_empty(), "{errors:?}");
         assert_eq!(s.memory_total_bytes, Some(TOTAL_BYTES));
         assert_eq!(s.memory_available_bytes, None);
@@ -567,7 +591,7 @@ mod tests {
             let root = temp_root("proc");
             write(root.path(), MEMINFO, &garbage);
             let mut errors = Vec::new();
-            let s = NodeSampler::new(root.path()).sample(TS, &mut errors);
+            let s = sample(&mut NodeSampler::new(root.path()), TS, &mut errors);
             assert_eq!(
                 only_parse_error(&errors),
                 root.path().join(MEMINFO),
@@ -582,7 +606,7 @@ mod tests {
         let root = temp_root("proc");
         fs::remove_file(root.path().join(LOADAVG)).expect("remove loadavg");
         let mut errors = Vec::new();
-        let s = NodeSampler::new(root.path()).sample(TS, &mut errors);
+        let s = sample(&mut NodeSampler::new(root.path()), TS, &mut errors);
         match errors.as_slice() {
             [SampleError::Read { path, source }] => {
                 assert_eq!(*path, root.path().join(LOADAVG));
@@ -600,7 +624,7 @@ mod tests {
         let root = temp_root("proc");
         write(root.path(), LOADAVG, "23.41 22.8");
         let mut errors = Vec::new();
-        let s = NodeSampler::new(root.path()).sample(TS, &mut errors);
+        let s = sample(&mut NodeSampler::new(root.path()), TS, &mut errors);
         assert_eq!(only_parse_error(&errors), root.path().join(LOADAVG));
         assert_eq!(s.load1, None);
     }
@@ -610,7 +634,7 @@ mod tests {
         let root = temp_root("proc");
         write(root.path(), STAT, "");
         let mut errors = Vec::new();
-        NodeSampler::new(root.path()).sample(TS, &mut errors);
+        sample(&mut NodeSampler::new(root.path()), TS, &mut errors);
         let message = errors.first().map(ToString::to_string).unwrap_or_default();
         assert_eq!(
             message,
