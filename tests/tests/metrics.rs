@@ -30,7 +30,7 @@ gpu_util_pct = 97
 memory_copy_util_pct = 41
 sm_active_pct = 87.5
 tensor_active_pct = 42.25
-xid_events = [{ at_ms = 0, xid = 79 }, { at_ms = 0, xid = 48 }, { at_ms = 0, xid = 79 }]
+xid_events = [{ at_ms = 0, xid = 999 }, { at_ms = 0, xid = 48 }, { at_ms = 0, xid = 79 }, { at_ms = 0, xid = 79 }]
 
 [[gpu]]
 name = "NVIDIA A100-SXM4-80GB"
@@ -225,6 +225,7 @@ fn metrics_endpoint_serves_dcgm_exporter_names_that_promtool_accepts() {
         [
             format!("gputel_xid_events_total{{{H100_OWN},xid=\"48\"}} 1"),
             format!("gputel_xid_events_total{{{H100_OWN},xid=\"79\"}} 2"),
+            format!("gputel_xid_events_total{{{H100_OWN},xid=\"999\"}} 1"),
         ]
     );
 

@@ -17,15 +17,16 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use gputel_proto::{EventKind, GpuEvent, GpuProcess, GpuSample};
+use nvml_wrapper::EventSet;
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
 use nvml_wrapper::enums::device::{SampleValue, UsedGpuMemory};
-use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::enums::gpm::GpmMetricId;
-use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::error::{NvmlError, nvml_sym, nvml_try};
 use nvml_wrapper::gpm::{GpmSample, gpm_metrics_get};
 use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper::{Device, Nvml};
+use nvml_wrapper_sys::bindings::nvmlEventData_t;
 use tracing::{debug, info, warn};
 
 use super::{SampleError, Sampler, Source, Tick};
@@ -718,17 +719,16 @@ impl XidWatcher {
             .spawn(move || {
                 let mut reported = false;
                 while !stopping.load(Ordering::Relaxed) {
-                    match set.wait(XID_WAIT_MS) {
+                    match wait_for_event(nvml, &set, XID_WAIT_MS) {
                         Ok(event) => {
-                            if !event.event_type.contains(EventTypes::CRITICAL_XID_ERROR) {
+                            if event.eventType & XID_EVENT_TYPE == 0 {
                                 continue;
                             }
-                            let xid = match event.event_data {
-                                Some(XidError::Value(v)) => v,
-                                Some(XidError::Unknown) | None => 0,
-                            };
-                            // SAFETY: compared only, as above.
-                            let handle = unsafe { event.device.handle() } as usize;
+                            // The raw data is the XID itself, whatever it is:
+                            // nvml-wrapper's enum turns 999 into "Unknown",
+                            // which must not become a 0 ("no error").
+                            let xid = event.eventData;
+                            let handle = event.device as usize;
                             let Some(&(_, gpu)) = handles.iter().find(|(h, _)| *h == handle)
                             else {
                                 continue;
@@ -761,5 +761,26 @@ impl XidWatcher {
     fn stop(self) {
         self.stop.store(true, Ordering::Relaxed);
         let _ = self.thread.join();
+    }
+}
+
+/// `nvmlEventTypeXidCriticalError`.
+const XID_EVENT_TYPE: u64 = EventTypes::CRITICAL_XID_ERROR.bits();
+
+/// Waits up to `timeout_ms` for the next event of `set` and returns NVML's
+/// own record of it. `EventSet::wait` would give the XID through an enum
+/// that has no number for XID 999; the raw record keeps every code.
+fn wait_for_event(
+    nvml: &'static Nvml,
+    set: &EventSet<'static>,
+    timeout_ms: u32,
+) -> Result<nvmlEventData_t, NvmlError> {
+    let wait = nvml_sym(nvml.lib().nvmlEventSetWait_v2.as_ref())?;
+    // SAFETY: the set is alive (borrowed) for the whole call, the record is
+    // plain data that NVML fills, and the set's handle is not freed here.
+    unsafe {
+        let mut event: nvmlEventData_t = std::mem::zeroed();
+        nvml_try(wait(set.handle(), &mut event, timeout_ms))?;
+        Ok(event)
     }
 }
