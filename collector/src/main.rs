@@ -1,8 +1,8 @@
 use anyhow::Context;
 use clap::Parser;
 use gputel_collector::clock::Clock;
-use gputel_collector::config::{Cli, Command, Compact, Config, ImportJobs};
-use gputel_collector::{compact, import, store};
+use gputel_collector::config::{Cli, Command, Compact, Config, ImportJobs, WalCommand};
+use gputel_collector::{compact, import, store, wal};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -10,6 +10,14 @@ async fn main() -> anyhow::Result<()> {
     match cli.command.take() {
         Some(Command::ImportJobs(args)) => return import_jobs(args).await,
         Some(Command::Compact(args)) => return compact(args).await,
+        Some(Command::Wal(WalCommand::Check(args))) => {
+            let dir = args.resolve()?;
+            let report = wal::check(&dir)?;
+            for line in &report.lines {
+                println!("{line}");
+            }
+            std::process::exit(i32::from(report.damaged));
+        }
         None => {}
     }
     let shutdown =

@@ -12,11 +12,22 @@
 //!   deleted, so sequence numbers outlive the records that carried them.
 //!
 //! A torn record at the end of the last segment (a crash mid-write) was never
-//! acknowledged; replay stops there and truncates it.
+//! acknowledged; replay stops there and truncates it. Damage anywhere else
+//! (a record that fails its checksum with intact records after it: a bad
+//! disk block, a stray write) is not a torn tail: its bytes are moved aside
+//! to `quarantine/wal-<segment>-<offset>.bad`, logged as an error naming the
+//! file and offset, and replay goes on with the next intact record, so one
+//! damaged record costs that record only. `gputel-collector wal check` reports
+//! such damage without touching the log.
+//!
+//! The state file is the collector's identity: its file names in the store
+//! and the sequence numbers agents were told are durable. A log directory
+//! with segments but no state file, or with an empty one, is refused at
+//! start with what to do, never silently given a new identity.
 
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use gputel_proto::{AlertRow, Batch, WalRecord, WalState};
@@ -47,6 +58,15 @@ pub enum WalError {
         offset: u64,
         reason: String,
     },
+    #[error(
+        "{path} {what}, but its directory holds log segments: the collector's identity (its \
+         file names in the store) and the sequence numbers agents were told are durable are \
+         lost. Restore {path} from a backup of this collector; or, to start over under a new \
+         identity (rows in the segments not yet in the store may then be stored twice, and \
+         agents resend from their spools), move the wal-*.log files out of the directory and \
+         remove {path}"
+    )]
+    StateLost { path: PathBuf, what: String },
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> WalError + '_ {
@@ -65,7 +85,22 @@ pub struct Replayed {
     pub segments: Vec<u64>,
     /// Torn records dropped from the end of the last segment.
     pub torn_bytes: u64,
+    /// Damaged stretches skipped (and quarantined) inside the log.
+    pub damaged: Vec<Damaged>,
 }
+
+/// A stretch of a segment that holds no intact record, with intact records
+/// (or the end of a closed segment) after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Damaged {
+    pub segment: u64,
+    pub offset: u64,
+    pub bytes: u64,
+    pub reason: &'static str,
+}
+
+/// Where damaged bytes are kept, under the log directory.
+const QUARANTINE_DIR: &str = "quarantine";
 
 /// An open write-ahead log.
 #[derive(Debug)]
@@ -92,20 +127,6 @@ impl Wal {
     pub fn open(dir: &Path) -> Result<(Wal, Replayed), WalError> {
         fs::create_dir_all(dir).map_err(io(dir))?;
         let state_path = dir.join(STATE_FILE);
-        let state = match fs::read(&state_path) {
-            Ok(bytes) => WalState::decode(bytes.as_slice()).map_err(|e| WalError::Corrupt {
-                path: state_path.clone(),
-                offset: 0,
-                reason: e.to_string(),
-            })?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => WalState {
-                collector_id: uuid::Uuid::new_v4().simple().to_string()[..12].to_owned(),
-                durable: HashMap::new(),
-                next_segment: 1,
-                released_through: 0,
-            },
-            Err(e) => return Err(io(&state_path)(e)),
-        };
         let mut segments = list_segments(dir)?;
         segments.sort_unstable();
         // Numbers grow by one a flush, so one near the top of the range is
@@ -117,6 +138,7 @@ impl Wal {
                 reason: "its segment number is implausibly large; move the file out of the log directory".into(),
             });
         }
+        let state = read_state(&state_path, !segments.is_empty())?;
         if state.next_segment > MAX_SEGMENT || state.released_through > MAX_SEGMENT {
             return Err(WalError::Corrupt {
                 path: state_path,
@@ -136,8 +158,55 @@ impl Wal {
         let mut replayed = Replayed::default();
         for (i, &segment) in segments.iter().enumerate() {
             let last = i + 1 == segments.len();
-            let torn = read_segment(&segment_path(dir, segment), last, &mut replayed.records)?;
-            replayed.torn_bytes += torn;
+            let path = segment_path(dir, segment);
+            let bytes = fs::read(&path).map_err(io(&path))?;
+            let scan = scan_segment(&bytes, &mut replayed.records);
+            for damage in &scan.damaged {
+                quarantine(dir, segment, &bytes, damage)?;
+                tracing::error!(
+                    path = %path.display(),
+                    offset = damage.offset,
+                    bytes = damage.length,
+                    reason = damage.reason,
+                    "write-ahead log damaged: this stretch holds no intact record and is lost \
+                     (copied to {QUARANTINE_DIR}/); the records after it are replayed"
+                );
+                replayed.damaged.push(Damaged {
+                    segment,
+                    offset: damage.offset,
+                    bytes: damage.length,
+                    reason: damage.reason,
+                });
+            }
+            if let Some(tail) = &scan.tail {
+                if last {
+                    tracing::warn!(
+                        path = %path.display(),
+                        offset = tail.offset,
+                        torn_bytes = tail.length,
+                        reason = tail.reason,
+                        "write-ahead log ends in a torn record (a crash mid-write); it was never acknowledged and is dropped"
+                    );
+                } else {
+                    // Appends after a failed write go to a new segment, so a
+                    // closed segment may end torn; its bytes are kept anyway.
+                    quarantine(dir, segment, &bytes, tail)?;
+                    tracing::error!(
+                        path = %path.display(),
+                        offset = tail.offset,
+                        bytes = tail.length,
+                        reason = tail.reason,
+                        "closed log segment ends in a damaged record (copied to {QUARANTINE_DIR}/)"
+                    );
+                }
+                let file = OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .map_err(io(&path))?;
+                file.set_len(tail.offset).map_err(io(&path))?;
+                file.sync_all().map_err(io(&path))?;
+                replayed.torn_bytes += tail.length;
+            }
         }
         replayed.segments = segments.clone();
         let next = segments
@@ -365,52 +434,222 @@ fn sync_dir(dir: &Path) -> Result<(), WalError> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
 }
 
-/// Reads one segment's records. A torn tail (short header, short payload,
-/// bad checksum) is truncated and its length returned.
-fn read_segment(path: &Path, last: bool, out: &mut Vec<WalRecord>) -> Result<u64, WalError> {
-    let mut bytes = Vec::new();
-    File::open(path)
-        .and_then(|mut f| f.read_to_end(&mut bytes))
-        .map_err(io(path))?;
+/// What `gputel-collector wal check` found: one line per segment, then a
+/// summary; `damaged` says whether anything was lost.
+#[derive(Debug, Default)]
+pub struct CheckReport {
+    pub lines: Vec<String>,
+    pub damaged: bool,
+}
+
+/// Reads the log in `dir` without changing it (see [`CheckReport`]).
+pub fn check(dir: &Path) -> Result<CheckReport, WalError> {
+    let mut report = CheckReport::default();
+    let mut segments = list_segments(dir)?;
+    segments.sort_unstable();
+    let state_path = dir.join(STATE_FILE);
+    match read_state(&state_path, !segments.is_empty()) {
+        Ok(state) => report.lines.push(format!(
+            "{}: collector {}, {} agents, segments up to {} released",
+            state_path.display(),
+            state.collector_id,
+            state.durable.len(),
+            state.released_through
+        )),
+        Err(e) => {
+            report.damaged = true;
+            report.lines.push(e.to_string());
+        }
+    }
+    let (mut records, mut lost) = (0, 0);
+    for (i, &segment) in segments.iter().enumerate() {
+        let path = segment_path(dir, segment);
+        let bytes = fs::read(&path).map_err(io(&path))?;
+        let scan = scan_segment(&bytes, &mut Vec::new());
+        records += scan.records;
+        let mut line = format!(
+            "{}: {} records, {} bytes",
+            path.display(),
+            scan.records,
+            bytes.len()
+        );
+        for d in &scan.damaged {
+            report.damaged = true;
+            lost += d.length;
+            line.push_str(&format!(
+                "; damaged at byte {} ({} bytes: {}), intact records follow",
+                d.offset, d.length, d.reason
+            ));
+        }
+        if let Some(t) = &scan.tail {
+            let last = i + 1 == segments.len();
+            if !last {
+                report.damaged = true;
+                lost += t.length;
+            }
+            line.push_str(&format!(
+                "; {} at byte {} ({} bytes: {})",
+                if last {
+                    "torn tail (never acknowledged)"
+                } else {
+                    "damaged end"
+                },
+                t.offset,
+                t.length,
+                t.reason
+            ));
+        }
+        report.lines.push(line);
+    }
+    report.lines.push(format!(
+        "{} segments, {records} intact records, {lost} damaged bytes{}",
+        segments.len(),
+        if report.damaged {
+            "; the collector quarantines damaged stretches at start and replays the rest"
+        } else {
+            ""
+        }
+    ));
+    Ok(report)
+}
+
+/// A stretch of a segment that is not an intact record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stretch {
+    pub offset: u64,
+    pub length: u64,
+    pub reason: &'static str,
+}
+
+/// What one segment holds.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct SegmentScan {
+    /// Intact records read.
+    pub records: usize,
+    /// Damaged stretches with intact records after them.
+    pub damaged: Vec<Stretch>,
+    /// A damaged end: no intact record follows it.
+    pub tail: Option<Stretch>,
+}
+
+/// Reads one segment's intact records into `out`. At a record that is not
+/// intact, looks for the next one that is: found, the stretch between is
+/// damage in the middle; not found, it is the segment's tail.
+pub fn scan_segment(bytes: &[u8], out: &mut Vec<WalRecord>) -> SegmentScan {
+    let mut scan = SegmentScan::default();
     let mut offset = 0usize;
     while offset < bytes.len() {
-        let rest = &bytes[offset..];
-        let problem = match framing::next_record(rest) {
+        let reason = match framing::next_record(&bytes[offset..]) {
             Ok(Some((payload, used))) => match WalRecord::decode(payload) {
                 Ok(record) => {
                     out.push(record);
+                    scan.records += 1;
                     offset += used;
-                    None
+                    continue;
                 }
-                Err(_) => Some("record does not decode"),
+                Err(_) => "record does not decode",
             },
-            Ok(None) => None,
-            Err(damage) => Some(damage.reason()),
+            Ok(None) => break,
+            Err(damage) => damage.reason(),
         };
-        if let Some(reason) = problem {
-            if !last {
-                // Appends after a failed write go to a new segment, so a
-                // torn record ends its segment; anything else is damage.
-                tracing::error!(path = %path.display(), offset, reason, "log segment damaged; the records from here to its end are lost");
+        match next_intact(bytes, offset + 1) {
+            Some(next) => {
+                scan.damaged.push(Stretch {
+                    offset: offset as u64,
+                    length: (next - offset) as u64,
+                    reason,
+                });
+                offset = next;
             }
-            let torn_bytes = (bytes.len() - offset) as u64;
-            let file = OpenOptions::new()
-                .write(true)
-                .open(path)
-                .map_err(io(path))?;
-            file.set_len(offset as u64).map_err(io(path))?;
-            file.sync_all().map_err(io(path))?;
-            tracing::warn!(
-                path = %path.display(),
-                offset,
-                torn_bytes,
-                reason,
-                "write-ahead log ends in a torn record (a crash mid-write); it was never acknowledged and is dropped"
-            );
-            return Ok(torn_bytes);
+            None => {
+                scan.tail = Some(Stretch {
+                    offset: offset as u64,
+                    length: (bytes.len() - offset) as u64,
+                    reason,
+                });
+                break;
+            }
         }
     }
-    Ok(0)
+    scan
+}
+
+/// The first offset from `from` on where an intact record starts, if any.
+///
+/// Every record the collector writes is a `WalRecord` whose first byte is the
+/// key of field 1 (`agent_id`, a batch's record) or of field 4 (`alerts`),
+/// so only offsets whose payload starts with one of those are hashed: the
+/// search stays linear in practice however long the segment.
+fn next_intact(bytes: &[u8], from: usize) -> Option<usize> {
+    const AGENT_ID_KEY: u8 = 0x0a;
+    const ALERTS_KEY: u8 = 0x22;
+    (from..bytes.len()).find(|&at| {
+        let rest = &bytes[at..];
+        let first = rest.get(framing::HEADER_BYTES);
+        if !matches!(first, Some(&AGENT_ID_KEY) | Some(&ALERTS_KEY)) {
+            return false;
+        }
+        let Some(len) = rest
+            .first_chunk::<4>()
+            .map(|l| u32::from_le_bytes(*l) as usize)
+        else {
+            return false;
+        };
+        if len == 0 || len > rest.len() - framing::HEADER_BYTES {
+            return false;
+        }
+        matches!(framing::next_record(rest), Ok(Some((payload, _))) if WalRecord::decode(payload).is_ok())
+    })
+}
+
+/// Copies a damaged stretch to `<dir>/quarantine/` before the log moves on.
+fn quarantine(dir: &Path, segment: u64, bytes: &[u8], stretch: &Stretch) -> Result<(), WalError> {
+    let qdir = dir.join(QUARANTINE_DIR);
+    fs::create_dir_all(&qdir).map_err(io(&qdir))?;
+    let path = qdir.join(format!("wal-{segment:016}-{:012}.bad", stretch.offset));
+    let start = stretch.offset as usize;
+    let end = start + stretch.length as usize;
+    let mut file = File::create(&path).map_err(io(&path))?;
+    file.write_all(&bytes[start..end]).map_err(io(&path))?;
+    file.sync_all().map_err(io(&path))?;
+    sync_dir(&qdir)
+}
+
+/// The state file, or a fresh identity where the log is new. A log that
+/// holds segments but no (or an empty) state file has lost its identity:
+/// refused, with what to do, rather than replayed under a new one, which
+/// would store its rows a second time under other file names and forget the
+/// sequence numbers agents were told are durable.
+fn read_state(path: &Path, has_segments: bool) -> Result<WalState, WalError> {
+    let lost = |what: &str| WalError::StateLost {
+        path: path.to_owned(),
+        what: what.to_owned(),
+    };
+    match fs::read(path) {
+        Ok(bytes) => {
+            let state = WalState::decode(bytes.as_slice()).map_err(|e| WalError::Corrupt {
+                path: path.to_owned(),
+                offset: 0,
+                reason: e.to_string(),
+            })?;
+            if bytes.is_empty() || state.collector_id.is_empty() {
+                return Err(lost("is empty"));
+            }
+            Ok(state)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if has_segments {
+                return Err(lost("is missing"));
+            }
+            Ok(WalState {
+                collector_id: uuid::Uuid::new_v4().simple().to_string()[..12].to_owned(),
+                durable: HashMap::new(),
+                next_segment: 1,
+                released_through: 0,
+            })
+        }
+        Err(e) => Err(io(path)(e)),
+    }
 }
 
 #[cfg(test)]
@@ -594,5 +833,95 @@ mod tests {
         let (_, replayed) = Wal::open(dir.path()).unwrap();
         assert_eq!(seqs(&replayed.records), [("a".into(), 2)]);
         assert!(replayed.torn_bytes > 0);
+    }
+
+    /// One record damaged in the middle of the log (four bytes flipped in
+    /// record 51 of 100, as a bad block would) costs that record only: the
+    /// 99 others are replayed, the damaged bytes are kept in quarantine, and
+    /// the segment is not cut.
+    #[test]
+    fn damage_in_the_middle_costs_only_the_damaged_record() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut wal, _) = Wal::open(dir.path()).unwrap();
+        let mut offsets = Vec::new();
+        let path = segment_path(dir.path(), wal.segment());
+        for seq in 1..=100 {
+            offsets.push(fs::metadata(&path).unwrap().len());
+            append(&mut wal, &record("a", seq)).unwrap();
+        }
+        wal.sync().unwrap();
+        let segment = wal.segment();
+        drop(wal);
+        let mut bytes = fs::read(&path).unwrap();
+        let len = bytes.len() as u64;
+        let at = offsets[50] as usize + framing::HEADER_BYTES + 3;
+        for b in &mut bytes[at..at + 4] {
+            *b ^= 0x5a;
+        }
+        fs::write(&path, &bytes).unwrap();
+
+        let (wal, replayed) = Wal::open(dir.path()).unwrap();
+        let want: Vec<(String, u64)> = (1..=100)
+            .filter(|s| *s != 51)
+            .map(|s| ("a".to_owned(), s))
+            .collect();
+        assert_eq!(seqs(&replayed.records), want);
+        assert_eq!(
+            replayed.damaged,
+            [Damaged {
+                segment,
+                offset: offsets[50],
+                bytes: offsets[51] - offsets[50],
+                reason: "checksum mismatch",
+            }]
+        );
+        assert_eq!(replayed.torn_bytes, 0);
+        assert_eq!(fs::metadata(&path).unwrap().len(), len, "not truncated");
+        let kept = fs::read(
+            dir.path()
+                .join(QUARANTINE_DIR)
+                .join(format!("wal-{segment:016}-{:012}.bad", offsets[50])),
+        )
+        .unwrap();
+        assert_eq!(kept, &bytes[offsets[50] as usize..offsets[51] as usize]);
+        assert_eq!(wal.durable()["a"], 100);
+    }
+
+    /// A log whose state file is gone or empty is refused: a new identity
+    /// would store its rows again under other names and forget what agents
+    /// were told is durable. A new, empty directory starts a new identity.
+    #[test]
+    fn a_lost_or_empty_state_file_is_refused_not_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut wal, _) = Wal::open(dir.path()).unwrap();
+        append(&mut wal, &record("a", 1)).unwrap();
+        wal.sync().unwrap();
+        drop(wal);
+        let state = dir.path().join(STATE_FILE);
+        let saved = fs::read(&state).unwrap();
+
+        fs::write(&state, b"").unwrap();
+        let e = Wal::open(dir.path()).expect_err("an empty state file is refused");
+        assert!(
+            matches!(&e, WalError::StateLost { what, .. } if what == "is empty"),
+            "{e}"
+        );
+        fs::remove_file(&state).unwrap();
+        let e = Wal::open(dir.path()).expect_err("a missing state file is refused");
+        let text = e.to_string();
+        assert!(
+            text.contains("state.pb is missing, but its directory holds log segments"),
+            "{text}"
+        );
+        assert!(text.contains("Restore"), "{text}");
+
+        // Nothing was replayed or deleted meanwhile: restored, all is there.
+        fs::write(&state, saved).unwrap();
+        let (_, replayed) = Wal::open(dir.path()).unwrap();
+        assert_eq!(seqs(&replayed.records), [("a".into(), 1)]);
+
+        let fresh = tempfile::tempdir().unwrap();
+        let (wal, _) = Wal::open(fresh.path()).unwrap();
+        assert_eq!(wal.collector_id().len(), 12);
     }
 }
