@@ -230,6 +230,10 @@ table!(
         load5: OptF32 = s.load5,
         load15: OptF32 = s.load15,
         jobs: LabelList = s.jobs.as_slice(),
+        cpu_package_energy_uj: OptU64 = s.cpu_package_energy_uj,
+        dram_energy_uj: OptU64 = s.dram_energy_uj,
+        cpu_package_power_w: OptF64 = s.cpu_package_power_w,
+        dram_power_w: OptF64 = s.dram_power_w,
     }
 );
 

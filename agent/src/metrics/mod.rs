@@ -759,6 +759,10 @@ mod tests {
             load5: Some(22.87),
             load15: None,
             jobs: Vec::new(),
+            cpu_package_energy_uj: Some(240_422_366_267),
+            dram_energy_uj: None,
+            cpu_package_power_w: Some(151.25),
+            dram_power_w: None,
         };
         let port = IbPortSample {
             ts_us: TS_US,
@@ -829,6 +833,16 @@ mod tests {
         expect("gputel_node_load1", &["gputel_node_load1 23.41"]);
         expect("gputel_node_load5", &["gputel_node_load5 22.87"]);
         expect("gputel_node_load15", &[]);
+        expect(
+            "gputel_node_rapl_package_joules_total",
+            &["gputel_node_rapl_package_joules_total 240422.366267"],
+        );
+        expect(
+            "gputel_node_rapl_package_power_watts",
+            &["gputel_node_rapl_package_power_watts 151.25"],
+        );
+        expect("gputel_node_rapl_dram_joules_total", &[]);
+        expect("gputel_node_rapl_dram_power_watts", &[]);
         let port = "device=\"mlx5_0\",port=\"1\"";
         let port2 = "device=\"mlx5_0\",port=\"2\"";
         expect(
