@@ -82,7 +82,9 @@ impl Samplers {
             }
         }
         if enabled(Source::Node) {
-            samplers.push(Box::new(NodeSampler::new(&config.procfs_root)));
+            samplers.push(Box::new(
+                NodeSampler::new(&config.procfs_root).with_rapl(&config.sysfs_root),
+            ));
         }
         if enabled(Source::Ib) {
             let ib_dir = config.sysfs_root.join("class/infiniband");

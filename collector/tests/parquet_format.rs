@@ -88,6 +88,7 @@ fn node(id: u32, ts_us: i64) -> NodeSample {
         load5: pct(id as f32 / 8.0),
         load15: None,
         jobs: Vec::new(),
+        ..NodeSample::default()
     }
 }
 

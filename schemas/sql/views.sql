@@ -85,17 +85,28 @@ CREATE OR REPLACE VIEW gpu_process AS FROM query(CASE WHEN getvariable('gputel_h
 CREATE OR REPLACE VIEW ib AS FROM query(CASE WHEN getvariable('gputel_has_ib')
     THEN 'FROM gputel_scan(''ib'')'
     ELSE 'SELECT NULL::TIMESTAMPTZ AS ts, NULL::VARCHAR AS node, NULL::VARCHAR AS device,
-                 NULL::INTEGER AS port, NULL::VARCHAR AS state, NULL::DOUBLE AS rate_gbps,
+                 NULL::INTEGER AS port, NULL::VARCHAR AS state, NULL::VARCHAR AS phys_state,
+                 NULL::VARCHAR AS link_layer, NULL::DOUBLE AS rate_gbps,
                  NULL::BIGINT AS xmit_bytes, NULL::BIGINT AS rcv_bytes,
                  NULL::BIGINT AS xmit_packets, NULL::BIGINT AS rcv_packets,
                  NULL::DOUBLE AS xmit_bytes_per_s, NULL::DOUBLE AS rcv_bytes_per_s,
                  NULL::DOUBLE AS xmit_packets_per_s, NULL::DOUBLE AS rcv_packets_per_s,
+                 NULL::BIGINT AS unicast_xmit_packets, NULL::BIGINT AS unicast_rcv_packets,
+                 NULL::BIGINT AS multicast_xmit_packets, NULL::BIGINT AS multicast_rcv_packets,
                  NULL::BIGINT AS symbol_error, NULL::BIGINT AS link_downed,
                  NULL::BIGINT AS link_error_recovery, NULL::BIGINT AS port_rcv_errors,
                  NULL::BIGINT AS port_xmit_discards, NULL::BIGINT AS port_xmit_wait,
+                 NULL::BIGINT AS port_rcv_discards, NULL::BIGINT AS port_rcv_constraint_errors,
+                 NULL::BIGINT AS port_xmit_constraint_errors,
+                 NULL::BIGINT AS port_rcv_remote_physical_errors,
+                 NULL::BIGINT AS port_rcv_switch_relay_errors,
+                 NULL::BIGINT AS local_link_integrity_errors,
+                 NULL::BIGINT AS excessive_buffer_overrun_errors, NULL::BIGINT AS vl15_dropped,
                  NULL::BIGINT AS hw_out_of_buffer, NULL::BIGINT AS hw_out_of_sequence,
                  NULL::BIGINT AS hw_packet_seq_err, NULL::BIGINT AS hw_local_ack_timeout_err,
                  NULL::BIGINT AS hw_rnr_nak_retry_err, NULL::BIGINT AS hw_implied_nak_seq_err,
+                 NULL::VARCHAR AS board_id, NULL::VARCHAR AS fw_ver, NULL::VARCHAR AS hca_type,
+                 NULL::VARCHAR AS node_guid,
                  NULL::DATE AS date, NULL::INTEGER AS hour
           LIMIT 0'
     END);

@@ -195,3 +195,46 @@ PY
   "$alertmanager" --version >/dev/null 2>&1 || die "Alertmanager at $alertmanager does not run"
   export GPUTEL_ALERTMANAGER="$alertmanager"
 }
+
+# Sets GPUTEL_NODE_EXPORTER to Prometheus' node_exporter: one on PATH
+# (node_exporter, or Debian's prometheus-node-exporter), else the one in
+# Debian's prometheus-node-exporter package, unpacked under target/tools
+# (installing the package would also enable and start the service on port
+# 9100). tests/tests/node_exporter.rs runs it on the captured sysfs trees.
+ensure_node_exporter() {
+  local node_exporter dir="$tools_dir/node_exporter"
+  if command -v node_exporter >/dev/null && node_exporter --version >/dev/null 2>&1; then
+    node_exporter=$(command -v node_exporter)
+  elif command -v prometheus-node-exporter >/dev/null && prometheus-node-exporter --version >/dev/null 2>&1; then
+    node_exporter=$(command -v prometheus-node-exporter)
+  else
+    node_exporter="$dir/usr/bin/prometheus-node-exporter"
+    if [[ ! -x $node_exporter ]]; then
+      command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null \
+        || die "node_exporter is not installed: install it and put node_exporter on PATH (Debian: apt-get install prometheus-node-exporter)"
+      say "installing node_exporter (Debian package prometheus-node-exporter, unpacked in $dir)"
+      local deb_dir
+      deb_dir=$(mktemp -d)
+      if ! (cd "$deb_dir" && apt-get download -qq prometheus-node-exporter >/dev/null 2>&1); then
+        if [[ $(id -u) != 0 ]]; then
+          rm -rf "$deb_dir"
+          die "node_exporter is not installed and apt-get cannot download the Debian package prometheus-node-exporter (stale package lists?): run 'apt-get update' as root, or install node_exporter and put it on PATH"
+        fi
+        apt-get update -qq >/dev/null
+        (cd "$deb_dir" && apt-get download -qq prometheus-node-exporter >/dev/null 2>&1) || {
+          rm -rf "$deb_dir"
+          die "apt-get could not download the Debian package prometheus-node-exporter; install node_exporter and put it on PATH"
+        }
+      fi
+      mkdir -p "$dir"
+      dpkg-deb --fsys-tarfile "$deb_dir"/prometheus-node-exporter_*.deb \
+        | tar -x -C "$dir" ./usr/bin/prometheus-node-exporter || {
+        rm -rf "$deb_dir"
+        die "could not unpack node_exporter from the Debian package prometheus-node-exporter"
+      }
+      rm -rf "$deb_dir"
+    fi
+  fi
+  "$node_exporter" --version >/dev/null 2>&1 || die "node_exporter at $node_exporter does not run"
+  export GPUTEL_NODE_EXPORTER="$node_exporter"
+}

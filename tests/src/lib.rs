@@ -506,6 +506,16 @@ pub fn alertmanager_bin() -> Option<PathBuf> {
     )
 }
 
+/// Prometheus' node_exporter: `$GPUTEL_NODE_EXPORTER` (scripts/test installs
+/// it). Under `CI=true` a missing one fails the test; otherwise the test is
+/// skipped with a printed reason (None).
+pub fn node_exporter_bin() -> Option<PathBuf> {
+    provided_path(
+        "GPUTEL_NODE_EXPORTER",
+        "scripts/test installs node_exporter (Debian package prometheus-node-exporter) and sets it",
+    )
+}
+
 /// A real Alertmanager on a free loopback port, clustering off, routing
 /// every alert to a receiver that drops it; killed when dropped.
 #[derive(Debug)]

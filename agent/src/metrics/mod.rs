@@ -320,6 +320,26 @@ impl Recorded {
             })
             .collect();
         push(&mut out, IB_STATE, IB_STATE_HELP, Kind::Gauge, states);
+        let mut devices: Vec<&IbPortSample> = Vec::new();
+        for p in &tick.ib {
+            if !devices.iter().any(|d| d.device == p.device) {
+                devices.push(p);
+            }
+        }
+        let info = devices
+            .into_iter()
+            .map(|p| {
+                let text = |v: &Option<String>| v.clone().unwrap_or_default();
+                let labels = vec![
+                    label("device", p.device.as_str()),
+                    label("board_id", text(&p.board_id)),
+                    label("firmware_version", text(&p.fw_ver)),
+                    label("hca_type", text(&p.hca_type)),
+                ];
+                sample(labels, Kind::Gauge, 1.0)
+            })
+            .collect();
+        push(&mut out, IB_INFO, IB_INFO_HELP, Kind::Gauge, info);
         for m in IB_METRICS {
             let series = tick
                 .ib
@@ -739,6 +759,10 @@ mod tests {
             load5: Some(22.87),
             load15: None,
             jobs: Vec::new(),
+            cpu_package_energy_uj: Some(240_422_366_267),
+            dram_energy_uj: None,
+            cpu_package_power_w: Some(151.25),
+            dram_power_w: None,
         };
         let port = IbPortSample {
             ts_us: TS_US,
@@ -753,12 +777,32 @@ mod tests {
             xmit_bytes_per_s: Some(12_345.5),
             symbol_error: Some(0),
             link_downed: Some(1),
+            state_id: Some(4),
+            phys_state: Some("LinkUp".into()),
+            phys_state_id: Some(5),
+            unicast_xmit_packets: Some(61_239),
+            vl15_dropped: Some(2),
+            board_id: Some("MT_0000000838".into()),
+            fw_ver: Some("28.39.1002".into()),
+            hca_type: None,
+            ..IbPortSample::default()
+        };
+        // A second port of the same device: one info series for both.
+        let port2 = IbPortSample {
+            port: 2,
+            state: "DOWN".into(),
+            state_id: Some(1),
+            phys_state_id: Some(3),
+            ts_us: TS_US,
+            device: "mlx5_0".into(),
+            board_id: Some("MT_0000000838".into()),
+            fw_ver: Some("28.39.1002".into()),
             ..IbPortSample::default()
         };
         metrics.record_at(
             &Batch {
                 node: vec![node],
-                ib: vec![port],
+                ib: vec![port, port2],
                 ..Batch::default()
             },
             TS_US + 2500,
@@ -789,13 +833,57 @@ mod tests {
         expect("gputel_node_load1", &["gputel_node_load1 23.41"]);
         expect("gputel_node_load5", &["gputel_node_load5 22.87"]);
         expect("gputel_node_load15", &[]);
+        expect(
+            "gputel_node_rapl_package_joules_total",
+            &["gputel_node_rapl_package_joules_total 240422.366267"],
+        );
+        expect(
+            "gputel_node_rapl_package_power_watts",
+            &["gputel_node_rapl_package_power_watts 151.25"],
+        );
+        expect("gputel_node_rapl_dram_joules_total", &[]);
+        expect("gputel_node_rapl_dram_power_watts", &[]);
         let port = "device=\"mlx5_0\",port=\"1\"";
+        let port2 = "device=\"mlx5_0\",port=\"2\"";
         expect(
             "gputel_infiniband_port_state",
+            &[
+                &format!("gputel_infiniband_port_state{{{port},state=\"ACTIVE\"}} 1"),
+                &format!("gputel_infiniband_port_state{{{port2},state=\"DOWN\"}} 1"),
+            ],
+        );
+        expect(
+            "gputel_infiniband_state_id",
+            &[
+                &format!("gputel_infiniband_state_id{{{port}}} 4"),
+                &format!("gputel_infiniband_state_id{{{port2}}} 1"),
+            ],
+        );
+        expect(
+            "gputel_infiniband_physical_state_id",
+            &[
+                &format!("gputel_infiniband_physical_state_id{{{port}}} 5"),
+                &format!("gputel_infiniband_physical_state_id{{{port2}}} 3"),
+            ],
+        );
+        expect(
+            "gputel_infiniband_info",
+            &[
+                "gputel_infiniband_info{device=\"mlx5_0\",board_id=\"MT_0000000838\",\
+               firmware_version=\"28.39.1002\",hca_type=\"\"} 1",
+            ],
+        );
+        expect(
+            "gputel_infiniband_unicast_packets_transmitted_total",
             &[&format!(
-                "gputel_infiniband_port_state{{{port},state=\"ACTIVE\"}} 1"
+                "gputel_infiniband_unicast_packets_transmitted_total{{{port}}} 61239"
             )],
         );
+        expect(
+            "gputel_infiniband_vl15_dropped_total",
+            &[&format!("gputel_infiniband_vl15_dropped_total{{{port}}} 2")],
+        );
+        expect("gputel_infiniband_port_discards_received_total", &[]);
         // 400 Gb/s is 50 GB/s.
         expect(
             "gputel_infiniband_rate_bytes_per_second",

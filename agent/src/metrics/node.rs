@@ -27,8 +27,32 @@ pub(super) const NODE_METRICS: &[RowMetric<NodeSample>] = &[
     RowMetric {
         name: "gputel_node_memory_used_bytes",
         kind: Kind::Gauge,
-        help: "MemTotal - MemAvailable, in bytes.",
+        help: "MemTotal - MemAvailable, in bytes (without MemAvailable: MemTotal - MemFree - Buffers - Cached - SReclaimable).",
         value: |n| n.memory_used_bytes.map(|v| v as f64),
+    },
+    RowMetric {
+        name: "gputel_node_rapl_package_joules_total",
+        kind: Kind::Counter,
+        help: "RAPL energy of the CPU packages (package-N zones, summed), in joules; each zone wraps at its max_energy_range_uj.",
+        value: |n| n.cpu_package_energy_uj.map(|v| v as f64 / 1e6),
+    },
+    RowMetric {
+        name: "gputel_node_rapl_dram_joules_total",
+        kind: Kind::Counter,
+        help: "RAPL energy of the DRAM (dram zones, summed), in joules; each zone wraps at its max_energy_range_uj.",
+        value: |n| n.dram_energy_uj.map(|v| v as f64 / 1e6),
+    },
+    RowMetric {
+        name: "gputel_node_rapl_package_power_watts",
+        kind: Kind::Gauge,
+        help: "Average power of the CPU packages since the previous tick, in watts.",
+        value: |n| n.cpu_package_power_w.filter(|v| v.is_finite()),
+    },
+    RowMetric {
+        name: "gputel_node_rapl_dram_power_watts",
+        kind: Kind::Gauge,
+        help: "Average power of the DRAM since the previous tick, in watts.",
+        value: |n| n.dram_power_w.filter(|v| v.is_finite()),
     },
     RowMetric {
         name: "gputel_node_load1",

@@ -7,6 +7,7 @@
 pub mod gpu;
 pub mod ib;
 pub mod node;
+pub mod rapl;
 
 use std::path::PathBuf;
 

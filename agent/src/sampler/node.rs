@@ -1,8 +1,19 @@
 //! Host sampler: CPU time shares from `/proc/stat`, memory from `/proc/meminfo`,
-//! load averages from `/proc/loadavg`, all read under a configurable procfs root.
+//! load averages from `/proc/loadavg`, all read under a configurable procfs root,
+//! and CPU package and DRAM energy and power from RAPL under the sysfs root
+//! ([`super::rapl`]).
 //!
-//! The three files are independent: one that cannot be read or parsed leaves
+//! The sources are independent: one that cannot be read or parsed leaves
 //! its fields unset and is reported, and the others still fill theirs.
+//!
+//! Memory used is MemTotal − MemAvailable, the kernel's own estimate of what
+//! could be handed out without swapping. Kernels before 3.14 have no
+//! MemAvailable; there used is MemTotal − MemFree − Buffers − Cached −
+//! SReclaimable (the classic `free` "used": page cache and reclaimable slab
+//! are not in use by anyone), and available stays unset: the kernel did not
+//! say, and MemFree alone would understate it. procps-ng 4's `free` prints
+//! MemTotal − MemFree there, counting all cache as used, which would make an
+//! idle node with a warm page cache look full.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -10,6 +21,7 @@ use std::path::{Path, PathBuf};
 use gputel_proto::NodeSample;
 use procfs::{CpuTime, FromRead, FromReadSI, KernelStats, LoadAverage, Meminfo, ProcError};
 
+use super::rapl::Rapl;
 use super::{SampleError, Sampler, Source, Tick};
 
 /// File names under the procfs root.
@@ -24,6 +36,8 @@ pub struct NodeSampler {
     /// The aggregate `cpu` line of the last `stat` that parsed. A tick whose
     /// `stat` fails keeps it, so the next shares cover both intervals.
     prev_cpu: Option<CpuJiffies>,
+    /// RAPL energy, where a sysfs root was given.
+    rapl: Option<Rapl>,
 }
 
 impl NodeSampler {
@@ -32,7 +46,15 @@ impl NodeSampler {
         Self {
             root: procfs_root.into(),
             prev_cpu: None,
+            rapl: None,
         }
+    }
+
+    /// Also reads RAPL energy under `<sysfs_root>/class/powercap` (the root
+    /// is `/sys` in production); without it the energy and power fields stay unset.
+    pub fn with_rapl(mut self, sysfs_root: impl Into<PathBuf>) -> Self {
+        self.rapl = Some(Rapl::new(sysfs_root));
+        self
     }
 
     /// The tick's NodeSample. CPU shares need the previous tick, so the first
@@ -64,12 +86,8 @@ impl NodeSampler {
         match self.read_meminfo() {
             Ok(mem) => {
                 sample.memory_total_bytes = Some(mem.mem_total);
-                // MemAvailable exists since Linux 3.14; without it "used" cannot be
-                // told apart from reclaimable cache, so both stay unset.
-                if let Some(available) = mem.mem_available {
-                    sample.memory_available_bytes = Some(available);
-                    sample.memory_used_bytes = Some(mem.mem_total.saturating_sub(available));
-                }
+                sample.memory_available_bytes = mem.mem_available;
+                sample.memory_used_bytes = Some(memory_used(&mem));
             }
             Err(e) => errors.push(e),
         }
@@ -81,6 +99,14 @@ impl NodeSampler {
                 sample.load15 = Some(load.fifteen);
             }
             Err(e) => errors.push(e),
+        }
+
+        if let Some(rapl) = &mut self.rapl {
+            let power = rapl.read(ts_us, errors);
+            sample.cpu_package_energy_uj = power.cpu_package_energy_uj;
+            sample.dram_energy_uj = power.dram_energy_uj;
+            sample.cpu_package_power_w = power.cpu_package_power_w;
+            sample.dram_power_w = power.dram_power_w;
         }
 
         sample
@@ -126,6 +152,23 @@ impl NodeSampler {
         let path = self.root.join(LOADAVG);
         let text = read_kernel_text(&path)?;
         LoadAverage::from_read(text.as_bytes()).map_err(|e| procfs_parse_error(&path, e))
+    }
+}
+
+/// Bytes in use, as the module docs say: MemTotal − MemAvailable, or without
+/// MemAvailable MemTotal − MemFree − Buffers − Cached − SReclaimable (a
+/// line the kernel does not write counts 0). Should that go below zero, as
+/// it cannot on a consistent file, MemTotal − MemFree, as procps does.
+fn memory_used(mem: &Meminfo) -> u64 {
+    match mem.mem_available {
+        Some(available) => mem.mem_total.saturating_sub(available),
+        None => mem
+            .mem_total
+            .checked_sub(mem.mem_free)
+            .and_then(|v| v.checked_sub(mem.buffers))
+            .and_then(|v| v.checked_sub(mem.cached))
+            .and_then(|v| v.checked_sub(mem.s_reclaimable.unwrap_or(0)))
+            .unwrap_or_else(|| mem.mem_total.saturating_sub(mem.mem_free)),
     }
 }
 
@@ -385,6 +428,7 @@ mod tests {
                 load5: Some(22.87),
                 load15: Some(21.96),
                 jobs: Vec::new(),
+                ..NodeSample::default()
             }
         );
         assert_eq!(s.memory_total_bytes, Some(TOTAL_BYTES));
@@ -557,7 +601,7 @@ mod tests {
     }
 
     #[test]
-    fn meminfo_without_memavailable_sets_only_the_total() {
+    fn meminfo_without_memavailable_counts_cache_and_reclaimable_slab_as_free() {
         let root = temp_root("proc");
         let text: String = fixture_text("proc", MEMINFO)
             .lines()
@@ -570,7 +614,68 @@ mod tests {
         assert!(errors.is_empty(), "{errors:?}");
         assert_eq!(s.memory_total_bytes, Some(TOTAL_BYTES));
         assert_eq!(s.memory_available_bytes, None);
-        assert_eq!(s.memory_used_bytes, None);
+        // MemTotal 2113389424 − MemFree 1602114732 − Buffers 1204588
+        // − Cached 279337416 − SReclaimable 21987300 kB.
+        assert_eq!(s.memory_used_bytes, Some(208_745_388 * 1024));
+    }
+
+    /// The node row of capture `name` (tests/fixtures/README.md, "captures/"),
+    /// RAPL included.
+    fn capture_sample(name: &str, ts_us: i64, sampler: Option<&mut NodeSampler>) -> NodeSample {
+        let capture = Path::new(FIXTURES).join("captures").join(name);
+        let mut own = NodeSampler::new(capture.join("proc")).with_rapl(capture.join("sys"));
+        let mut errors = Vec::new();
+        let s = sample(sampler.unwrap_or(&mut own), ts_us, &mut errors);
+        assert!(errors.is_empty(), "{errors:?}");
+        s
+    }
+
+    #[test]
+    fn captures_without_memavailable_give_the_classic_used() {
+        // node_exporter v1.5.0's meminfo: 3742148 − 225472 − 22040 − 930888 − 44772 kB.
+        let s = capture_sample("node_exporter-1.5.0", TS, None);
+        assert_eq!(s.memory_total_bytes, Some(3_742_148 * 1024));
+        assert_eq!(s.memory_used_bytes, Some(2_518_976 * 1024));
+        assert_eq!(s.memory_used_bytes, Some(2_579_431_424));
+        assert_eq!(s.memory_available_bytes, None);
+        // procfs': 15666184 − 440324 − 1020128 − 12007640 − 1738124 kB.
+        let s = capture_sample("procfs-3c943fd", TS, None);
+        assert_eq!(s.memory_used_bytes, Some(459_968 * 1024));
+        assert_eq!(s.memory_available_bytes, None);
+    }
+
+    #[test]
+    fn rapl_energy_is_in_the_node_row() {
+        let s = capture_sample("node_exporter-1.5.0", TS, None);
+        assert_eq!(s.cpu_package_energy_uj, Some(240_422_366_267));
+        assert_eq!(s.dram_energy_uj, None);
+        assert_eq!(s.cpu_package_power_w, None);
+        let capture = Path::new(FIXTURES).join("captures/procfs-3c943fd");
+        let mut sampler = NodeSampler::new(capture.join("proc")).with_rapl(capture.join("sys"));
+        capture_sample("procfs-3c943fd", TS, Some(&mut sampler));
+        let s = capture_sample("procfs-3c943fd", TS + 1_000_000, Some(&mut sampler));
+        assert_eq!(s.cpu_package_energy_uj, Some(480_844_732_534));
+        // Unchanged counters over one second: 0 W, not null.
+        assert_eq!(s.cpu_package_power_w, Some(0.0));
+        assert_eq!(s.dram_power_w, None);
+    }
+
+    #[test]
+    fn memory_used_never_goes_below_zero() {
+        // Cached as large as MemTotal, as no consistent file has it: MemTotal − MemFree.
+        let text: String = fixture_text("proc", MEMINFO)
+            .lines()
+            .filter(|l| !l.starts_with("MemAvailable:"))
+            .map(|l| {
+                if l.starts_with("Cached:") {
+                    "Cached:         2113389424 kB\n".to_owned()
+                } else {
+                    format!("{l}\n")
+                }
+            })
+            .collect();
+        let mem = Meminfo::from_read(text.as_bytes()).expect("meminfo");
+        assert_eq!(memory_used(&mem), (2_113_389_424 - 1_602_114_732) * 1024);
     }
 
     #[test]
