@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{Args, Parser};
 use serde::Deserialize;
 
+use crate::metrics::HostnameLabel;
 use crate::sampler::Source;
 
 /// The collector's default address (see gputel-collector's `--listen`).
@@ -121,6 +122,11 @@ pub struct Settings {
     /// [default: off].
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<SocketAddr>,
+    /// Name of the /metrics host label: hostname, as dcgm-exporter names it
+    /// since 4.6.0-4.8.3, or Hostname, as its earlier releases did, for
+    /// dashboards that select on that [default: hostname].
+    #[arg(long, value_name = "NAME")]
+    pub metrics_hostname_label: Option<HostnameLabel>,
 }
 
 impl Settings {
@@ -142,6 +148,7 @@ impl Settings {
             hpc_job_mapping_dir: self.hpc_job_mapping_dir.or(other.hpc_job_mapping_dir),
             log: self.log.or(other.log),
             metrics_listen: self.metrics_listen.or(other.metrics_listen),
+            metrics_hostname_label: self.metrics_hostname_label.or(other.metrics_hostname_label),
             // A flag overrides the file: --plaintext sets the file's TLS aside.
             tls_ca: self.tls_ca.or(other.tls_ca.filter(|_| !self.plaintext)),
             tls_cert: self.tls_cert.or(other.tls_cert.filter(|_| !self.plaintext)),
@@ -172,6 +179,8 @@ pub struct Config {
     pub log: String,
     /// Where to serve `/metrics`; None: not served.
     pub metrics_listen: Option<SocketAddr>,
+    /// The name of the host label on `/metrics`.
+    pub metrics_hostname_label: HostnameLabel,
     /// Mutual TLS, or None for a plaintext http:// collector.
     pub tls: Option<TlsFiles>,
 }
@@ -235,6 +244,7 @@ impl Config {
             hpc_job_mapping_dir: s.hpc_job_mapping_dir,
             log: s.log.unwrap_or_else(|| "info".to_owned()),
             metrics_listen: s.metrics_listen,
+            metrics_hostname_label: s.metrics_hostname_label.unwrap_or_default(),
             tls: None,
         };
         let https = config.collector.starts_with("https://");
@@ -377,6 +387,47 @@ mod tests {
         let err = load(&["--config", file]).unwrap_err().to_string();
         assert!(
             err.contains("unknown variant `dcgm`, expected one of `gpu`, `node`, `ib`"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_metrics_host_label_name_comes_from_file_or_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.toml");
+        let file = path.to_str().unwrap();
+        let load = |args: &[&str]| {
+            let mut argv = vec!["gputel-agent", "--plaintext", "--node", "n"];
+            argv.extend_from_slice(args);
+            Config::load(&Cli::try_parse_from(argv).map_err(|e| e.to_string())?)
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(
+            load(&[]).unwrap().metrics_hostname_label,
+            HostnameLabel::Lower
+        );
+        std::fs::write(&path, "metrics-hostname-label = \"Hostname\"\n").unwrap();
+        assert_eq!(
+            load(&["--config", file]).unwrap().metrics_hostname_label,
+            HostnameLabel::Capital
+        );
+        assert_eq!(
+            load(&["--config", file, "--metrics-hostname-label", "hostname"])
+                .unwrap()
+                .metrics_hostname_label,
+            HostnameLabel::Lower
+        );
+        // Only dcgm-exporter's two spellings.
+        let err = load(&["--metrics-hostname-label", "HOSTNAME"]).unwrap_err();
+        assert!(
+            err.contains("invalid value 'HOSTNAME'")
+                && err.contains("[possible values: hostname, Hostname]"),
+            "{err}"
+        );
+        std::fs::write(&path, "metrics-hostname-label = \"host\"\n").unwrap();
+        let err = load(&["--config", file]).unwrap_err();
+        assert!(
+            err.contains("unknown variant `host`, expected `hostname` or `Hostname`"),
             "{err}"
         );
     }

@@ -13,7 +13,7 @@ use tracing::{error, info, warn};
 use crate::client::{self, Delivery, Identity};
 use crate::config::Config;
 use crate::metrics::{self, Metrics};
-use crate::sampling::{self, Samplers};
+use crate::sampling::{self, Gpus, Samplers};
 use crate::spool::{Spool, SpoolError};
 use crate::systemd::{self, Progress};
 
@@ -150,7 +150,16 @@ pub async fn run(
     }
     // Bound before sampling starts, so a taken port stops the agent at once.
     let metrics_endpoint = match config.metrics_listen {
-        Some(addr) => Some((metrics::bind(addr)?, Arc::new(Metrics::new(&config.node)))),
+        Some(addr) => {
+            let driver_version = match samplers.gpus() {
+                Gpus::Sampled { driver_version, .. } => driver_version.as_deref(),
+                Gpus::Unavailable(_) | Gpus::Disabled => None,
+            };
+            let metrics = Metrics::new(&config.node)
+                .with_hostname_label(config.metrics_hostname_label)
+                .with_driver_version(driver_version);
+            Some((metrics::bind(addr)?, Arc::new(metrics)))
+        }
         None => None,
     };
     let recorder = metrics_endpoint.as_ref().map(|(_, m)| Arc::clone(m));

@@ -4,13 +4,9 @@
 --   duckdb -c ".read schemas/sql/views.sql" -c ".read schemas/sql/jobs_with_gpu_events.sql"
 --
 -- Every event row (kinds: xid, gpu_lost, thermal_throttle, power_throttle; see
--- README.md, `event`) goes to the job that held its GPU at that moment:
---   1. the event's own job_id: the job on the GPU at the tick that recorded it;
---   2. else the job of the GPU's last gpu row at or before the event (an ASOF
---      join on node, GPU and time). This is what attributes a GPU that fell
---      off the bus: it has no gpu row at the tick that records its XID 79 and
---      gpu_lost event, so those events carry no job_id, and the last job seen
---      on it is the job that lost it.
+-- README.md, `event`) goes to the job that held its GPU at that moment (view
+-- event_attributed: the event's own job_id, else the job of the GPU's last
+-- gpu row before it, which is what attributes a GPU that fell off the bus).
 -- Events on an idle GPU, or on one shared by several jobs, have no job and
 -- are not listed.
 --
@@ -30,21 +26,8 @@
 -- the hardware, not the code; repeated throttling on one GPU of a many-GPU
 -- job slows every other GPU of it at each synchronization.
 
-WITH unattributed AS (
-    SELECT * FROM event WHERE job_id IS NULL
-),
-last_row AS (
-    SELECT node, gpu, ts, job_id
-    FROM gpu
-    SEMI JOIN (SELECT DISTINCT node, gpu FROM unattributed) USING (node, gpu)
-),
-attributed AS (
-    SELECT ts, node, gpu, kind, code, job_id FROM event WHERE job_id IS NOT NULL
-    UNION ALL
-    SELECT e.ts, e.node, e.gpu, e.kind, e.code, r.job_id
-    FROM unattributed e
-    ASOF JOIN last_row r ON e.node = r.node AND e.gpu = r.gpu AND e.ts >= r.ts
-    WHERE r.job_id IS NOT NULL
+WITH attributed AS (
+    SELECT ts, node, gpu, kind, code, job_id FROM event_attributed WHERE job_id IS NOT NULL
 )
 SELECT job_id,
        t.job_type,

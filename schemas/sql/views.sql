@@ -24,6 +24,10 @@
 -- Read views.sql again after a table appears for the first time.
 
 SET VARIABLE store = coalesce(getvariable('store'), 'gputel-data');
+-- The XID catalogue (schemas/xid/xids.csv), relative to the directory DuckDB
+-- runs in: the repository root. From elsewhere, set xid_catalogue to its path
+-- (an installed agent's copy is not needed: the file is all there is).
+SET VARIABLE xid_catalogue = coalesce(getvariable('xid_catalogue'), 'schemas/xid/xids.csv');
 
 -- Every file of a table, partition columns from the path.
 CREATE OR REPLACE MACRO gputel_files(tbl) AS getvariable('store') || '/' || tbl || '/**/*.parquet';
@@ -110,6 +114,52 @@ CREATE OR REPLACE VIEW ib AS FROM query(CASE WHEN getvariable('gputel_has_ib')
                  NULL::DATE AS date, NULL::INTEGER AS hour
           LIMIT 0'
     END);
+
+-- Every event with the job that held its GPU: the event's own job_id (the
+-- job on the GPU at the tick that recorded it), else the job of the GPU's
+-- last gpu row at or before the event (an ASOF join on node, GPU and time).
+-- The second is what attributes a GPU that fell off the bus: it has no gpu
+-- row at the tick that records its XID 79 and gpu_lost event, so those
+-- events carry no job_id, and the last job seen on it is the job that lost
+-- it. Events on an idle GPU, or on one shared by several jobs, keep a null
+-- job_id.
+CREATE OR REPLACE VIEW event_attributed AS
+WITH unattributed AS (
+    SELECT * FROM event WHERE job_id IS NULL
+),
+last_row AS (
+    SELECT node, gpu, ts, job_id
+    FROM gpu
+    SEMI JOIN (SELECT DISTINCT node, gpu FROM unattributed) USING (node, gpu)
+)
+SELECT * FROM event WHERE job_id IS NOT NULL
+UNION ALL BY NAME
+SELECT e.* REPLACE (r.job_id AS job_id)
+FROM unattributed e
+ASOF LEFT JOIN last_row r ON e.node = r.node AND e.gpu = r.gpu AND e.ts >= r.ts;
+
+-- The XID catalogue, one row per documented code (columns: the file's
+-- header comment): code, mnemonic, name, category (hardware, nvlink, memory,
+-- driver, application, thermal_power, other), ampere_plus, cause, action
+-- (NVIDIA's immediate resolution bucket), reset (none, gpu, node,
+-- conditional, unknown).
+CREATE OR REPLACE VIEW xid_catalogue AS
+FROM read_csv(getvariable('xid_catalogue'), auto_detect = false, header = true, comment = '#',
+              delim = ',', quote = '"', escape = '"',
+              columns = {'code': 'BIGINT', 'mnemonic': 'VARCHAR', 'name': 'VARCHAR',
+                         'category': 'VARCHAR', 'ampere_plus': 'BOOLEAN', 'cause': 'VARCHAR',
+                         'action': 'VARCHAR', 'reset': 'VARCHAR'});
+
+-- Every XID event with its job (as event_attributed) and the catalogue's
+-- name, category and reset; a code the catalogue lacks (NVML's 999, "unknown
+-- XID", among them) has category 'unknown' and null name and reset.
+CREATE OR REPLACE VIEW xid_event AS
+SELECT e.ts, e.node, e.gpu, e.uuid, e.code, e.job_id,
+       c.name, coalesce(c.category, 'unknown') AS category, c.reset,
+       e.date, e.hour
+FROM event_attributed e
+LEFT JOIN xid_catalogue c USING (code)
+WHERE e.kind = 'xid';
 
 -- What the collector observed of each job on each GPU: one row per
 -- (job, node, GPU) per written file, so a job has many rows.

@@ -12,11 +12,15 @@
 //! its [`column`] kind and where its value comes from. The Arrow schema, the
 //! check every row passes before the collector stores it, and the builder
 //! that turns rows into Arrow columns all come from that declaration.
+//!
+//! [`xid`] is the XID catalogue (`schemas/xid/xids.csv`): what each XID
+//! means, its failure category and what clears it.
 
 pub mod column;
 mod partition;
 pub mod scheduler_job;
 mod tables;
+pub mod xid;
 
 pub use column::{ColumnError, RowContext};
 pub use partition::{PartitionError, PartitionKey, PartitionPath};

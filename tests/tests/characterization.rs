@@ -35,13 +35,14 @@ const SCENARIO_A: &str = r#"
 # NVML init, well after its first tick.
 step_ms = 1000
 
-[[gpu]]   # 0: job 4242
+[[gpu]]   # 0: job 4242, an application XID
 gpu_util_pct = 98
 sm_active_pct = 85.5
 fb_used_bytes = 64424509440      # 60 GiB
 power_mw = 650000
 temperature_c = 70
 processes = [{ pid = 4242, used_memory_bytes = 64424509440 }]
+xid_events = [{ at_ms = 300, xid = 13 }]
 
 [[gpu]]   # 1: job 4242
 gpu_util_pct = 94
@@ -92,12 +93,13 @@ fb_used_bytes = 2147483648       # 2 GiB
 power_mw = 90000
 temperature_c = 40
 
-[[gpu]]   # 7: unallocated
+[[gpu]]   # 7: unallocated, NVML's "unknown XID"
 gpu_util_pct = 0
 sm_active_pct = 0.0
 fb_used_bytes = 0
 power_mw = 70000
 temperature_c = 35
+xid_events = [{ at_ms = 300, xid = 999 }]
 "#;
 
 /// Node B: job 4242's third GPU, with one power-cap episode, and job 9999's
@@ -114,12 +116,13 @@ temperature_c = 71
 clock_event_reasons = [0, 4, 4, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
 processes = [{ pid = 4242, used_memory_bytes = 75161927680 }]
 
-[[gpu]]   # 1: job 9999
+[[gpu]]   # 1: job 9999, XID 79 (the fake keeps it answering)
 gpu_util_pct = 50
 sm_active_pct = 30.0
 fb_used_bytes = 10737418240      # 10 GiB
 power_mw = 300000
 temperature_c = 55
+xid_events = [{ at_ms = 300, xid = 79 }]
 "#;
 
 /// `class/infiniband/mlx5_0/ports/1/counters/port_rcv_data` of the fixture
@@ -172,14 +175,16 @@ impl Store {
     /// `store` set; returns the last statement's rows.
     fn query(&self, file: &str, extra: &str) -> Vec<Value> {
         self.read.borrow_mut().insert(file.to_owned());
-        query_store(&self.store, &self.dir, file, extra)
+        query_store(&self.store, file, extra)
     }
 }
 
-fn query_store(store: &Path, dir: &Path, file: &str, extra: &str) -> Vec<Value> {
+fn query_store(store: &Path, file: &str, extra: &str) -> Vec<Value> {
     let sql_dir = workspace_root().join("schemas/sql");
     let mut cmd = Command::new(duckdb_bin());
-    cmd.current_dir(dir)
+    // From the repository root, as README.md runs them: views.sql finds the
+    // XID catalogue by its default, relative path.
+    cmd.current_dir(workspace_root())
         .arg("-json")
         .arg("-c")
         .arg(format!("SET VARIABLE store = '{}'", store.display()))
@@ -406,6 +411,7 @@ const CHECKS: &[(&str, Check)] = &[
     ("gpu_time_share.sql", check_gpu_time_share),
     ("jobs_with_gpu_events.sql", check_jobs_with_gpu_events),
     ("ib_idle_share.sql", check_ib_idle_share),
+    ("xid_failures.sql", check_xid_failures),
 ];
 
 #[test]
@@ -482,8 +488,9 @@ fn check_views(s: &Store) {
         ),
         json!([{
             "gpu": 10 * TICKS, "node": 2 * TICKS, "ib": 8 * TICKS,
-            // XIDs 31, 48, 48; one thermal and one power throttling episode.
-            "event": 5,
+            // XIDs 31, 48, 48 (A2), 13 (A0), 999 (A7), 79 (B1); one thermal
+            // and one power throttling episode.
+            "event": 8,
             // Listed once (--process-interval 1h): one row per process and GPU.
             "gpu_process": 8,
             // The one rule fired for the three GPUs at 70 °C or more.
@@ -551,7 +558,7 @@ fn check_views(s: &Store) {
     copy_tree(&s.store.join("gpu"), &partial.join("gpu"));
     copy_tree(&s.store.join("node"), &partial.join("node"));
     let full = s.query("views.sql", &optional_tables_sql());
-    let empty = query_store(&partial, &s.dir, "views.sql", &optional_tables_sql());
+    let empty = query_store(&partial, "views.sql", &optional_tables_sql());
     assert_eq!(full.len(), OPTIONAL_TABLES.len());
     let without_counts = |rows: Vec<Value>, n: u64| -> Vec<Value> {
         rows.into_iter()
@@ -824,6 +831,18 @@ fn check_jobs_with_gpu_events(s: &Store) {
         "jobs_with_gpu_events",
         rest,
         json!([
+            // XID 13 on job 4242's GPU A0 (node A sorts first).
+            row(
+                "4242",
+                Some("Pretrain"),
+                "COMPLETED",
+                "alice",
+                NODE_A,
+                0,
+                "xid",
+                13,
+                1
+            ),
             // Power cap (4) on node B's GPU 0 while job 4242 held it.
             row(
                 "4242",
@@ -871,6 +890,10 @@ fn check_jobs_with_gpu_events(s: &Store) {
                 32,
                 1
             ),
+            // XID 79 on job 9999's GPU; no trace lists 9999. (A7's 999 is
+            // on an unallocated GPU: no job, not listed.)
+            json!({"job_id": "9999", "job_type": null, "state": null, "user": null,
+                   "node": NODE_B, "gpu": 1, "kind": "xid", "code": 79, "events": 1}),
         ]),
     );
 }
@@ -880,6 +903,75 @@ fn normalized_ts(v: &Value) -> String {
     v.as_str()
         .unwrap_or_else(|| panic!("{v} is not a timestamp"))
         .to_owned()
+}
+
+fn check_xid_failures(s: &Store) {
+    // XIDs: 13 on A0 (job 4242), 31, 48, 48 on A2 (job 5151), 999 on A7
+    // (unallocated), 79 on B1 (job 9999, in no trace).
+    let row = |category: &str,
+               job: &str,
+               trace: Option<(&str, &str)>,
+               events: u64,
+               gpus: u64,
+               codes: &[u64]| {
+        json!({"category": category, "job_id": job,
+               "job_type": trace.map(|t| t.0), "state": trace.map(|t| t.1),
+               "events": events, "gpus": gpus, "codes": codes})
+    };
+    let pretrain = Some(("Pretrain", "COMPLETED"));
+    let evaluation = Some(("Evaluation", "FAILED"));
+    assert_rows(
+        "xid_failures",
+        s.query("xid_failures.sql", ""),
+        json!([
+            // 13 (graphics engine exception) and 31 (MMU fault): the jobs' own.
+            row("application", "(all)", None, 2, 2, &[13, 31]),
+            row("application", "4242", pretrain, 1, 1, &[13]),
+            row("application", "5151", evaluation, 1, 1, &[31]),
+            // 79, fallen off the bus.
+            row("hardware", "(all)", None, 1, 1, &[79]),
+            row("hardware", "9999", None, 1, 1, &[79]),
+            // 48, double-bit ECC, twice on one GPU.
+            row("memory", "(all)", None, 2, 1, &[48]),
+            row("memory", "5151", evaluation, 2, 1, &[48]),
+            // 999 is in no catalogue; the GPU had no job.
+            row("unknown", "(all)", None, 1, 1, &[999]),
+            row("unknown", "(no job)", None, 1, 1, &[999]),
+        ]),
+    );
+    // The catalogue view is the file: 172 codes, the seven categories.
+    assert_rows(
+        "xid_catalogue",
+        s.query(
+            "views.sql",
+            "SELECT count(*) AS codes, list(DISTINCT category ORDER BY category) AS categories, \
+                    (SELECT name || ' / ' || category || ' / ' || action || ' / ' || reset \
+                     FROM xid_catalogue WHERE code = 79) AS xid_79 \
+             FROM xid_catalogue",
+        ),
+        json!([{
+            "codes": 172,
+            "categories": ["application", "driver", "hardware", "memory", "nvlink", "other", "thermal_power"],
+            "xid_79": "GPU has fallen off the bus / hardware / RESTART_BM / node",
+        }]),
+    );
+    // xid_event: each XID once, with its job, name and reset.
+    assert_rows(
+        "xid_event",
+        s.query(
+            "views.sql",
+            "SELECT node, gpu, code, job_id, name, category, reset FROM xid_event \
+             ORDER BY node, gpu, code",
+        ),
+        json!([
+            {"node": NODE_A, "gpu": 0, "code": 13, "job_id": "4242", "name": "Graphics Engine Exception", "category": "application", "reset": "none"},
+            {"node": NODE_A, "gpu": 2, "code": 31, "job_id": "5151", "name": "GPU memory page fault", "category": "application", "reset": "none"},
+            {"node": NODE_A, "gpu": 2, "code": 48, "job_id": "5151", "name": "Double Bit ECC Error", "category": "memory", "reset": "gpu"},
+            {"node": NODE_A, "gpu": 2, "code": 48, "job_id": "5151", "name": "Double Bit ECC Error", "category": "memory", "reset": "gpu"},
+            {"node": NODE_A, "gpu": 7, "code": 999, "job_id": null, "name": null, "category": "unknown", "reset": null},
+            {"node": NODE_B, "gpu": 1, "code": 79, "job_id": "9999", "name": "GPU has fallen off the bus", "category": "hardware", "reset": "node"},
+        ]),
+    );
 }
 
 fn check_ib_idle_share(s: &Store) {
@@ -952,7 +1044,7 @@ gpu_util_pct = 0
         ),
         json!(["gpu_lost:none", "xid:none"])
     );
-    let rows = query_store(&store, tmp.path(), "jobs_with_gpu_events.sql", "");
+    let rows = query_store(&store, "jobs_with_gpu_events.sql", "");
     let rows: Vec<Value> = rows
         .into_iter()
         .map(|r| {

@@ -27,6 +27,10 @@ fn once_with(scenario: &str) -> Value {
 const ONE_H100: &str = r#"
 [[gpu]]
 name = "NVIDIA H100 80GB HBM3"
+pci_bus_id = "00000000:9A:00.0"
+enc_util_pct = 4
+dec_util_pct = 62
+fb_reserved_bytes = 566231040
 temperature_c = 71
 power_mw = 650000
 power_limit_mw = 700000
@@ -89,6 +93,10 @@ fn every_metric_family_reads_exactly() {
         ("retired_pages_dbe", json!(null)),
         ("retired_pages_pending", json!(null)),
         ("xid_count", json!(0)),
+        ("pci_bus_id", json!("00000000:9A:00.0")),
+        ("enc_util_pct", json!(4)),
+        ("dec_util_pct", json!(62)),
+        ("fb_reserved_bytes", json!(566_231_040)),
     ] {
         assert_eq!(gpu[field], want, "{field}");
     }

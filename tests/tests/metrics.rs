@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 
 use gputel_tests::{Running, SCENARIO_ENV, fixture_agent, promtool_check_metrics, start_collector};
 
-/// Two GPUs with constant readings; GPU 0 saw three XIDs before the agent
+/// Two GPUs with constant readings; GPU 0 saw four XIDs before the agent
 /// started listening (the fake delivers them anyway), GPU 1 is an A100
-/// without GPM or HBM temperature.
+/// without GPM, HBM temperature or video encoder. The PCI addresses are the
+/// fake's defaults (HGX buses 18 and 2A).
 const SCENARIO: &str = r#"
 driver_version = "550.54.15"
 
@@ -28,6 +29,9 @@ sm_clock_mhz = 1980
 memory_clock_mhz = 2619
 gpu_util_pct = 97
 memory_copy_util_pct = 41
+enc_util_pct = 5
+dec_util_pct = 17
+fb_reserved_bytes = 566231040
 sm_active_pct = 87.5
 tensor_active_pct = 42.25
 xid_events = [{ at_ms = 0, xid = 999 }, { at_ms = 0, xid = 48 }, { at_ms = 0, xid = 79 }, { at_ms = 0, xid = 79 }]
@@ -39,14 +43,17 @@ fb_total_bytes = 85899345920
 fb_used_bytes = 1073741824
 temperature_c = 34
 memory_temperature_c = "unsupported"
+enc_util_pct = "unsupported"
 power_mw = 61000
 gpm = false
 "#;
 
-const H100: &str = r#"gpu="0",UUID="GPU-3f5b2c1e-8a4d-4e6f-9b7a-1c2d3e4f5a6b",device="nvidia0",modelName="NVIDIA H100 80GB HBM3",Hostname="gpu-node-017""#;
-const A100: &str = r#"gpu="1",UUID="GPU-0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d",device="nvidia1",modelName="NVIDIA A100-SXM4-80GB",Hostname="gpu-node-017""#;
-/// gputel's own per-GPU labels: dcgm-exporter's without the camelCase one.
-const H100_OWN: &str = r#"gpu="0",UUID="GPU-3f5b2c1e-8a4d-4e6f-9b7a-1c2d3e4f5a6b",device="nvidia0",Hostname="gpu-node-017""#;
+/// dcgm-exporter 4.6.0-4.8.3's labels, in its order.
+const H100: &str = r#"gpu="0",UUID="GPU-3f5b2c1e-8a4d-4e6f-9b7a-1c2d3e4f5a6b",pci_bus_id="00000000:18:00.0",device="nvidia0",modelName="NVIDIA H100 80GB HBM3",hostname="gpu-node-017",DCGM_FI_DRIVER_VERSION="550.54.15""#;
+const A100: &str = r#"gpu="1",UUID="GPU-0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d",pci_bus_id="00000000:2A:00.0",device="nvidia1",modelName="NVIDIA A100-SXM4-80GB",hostname="gpu-node-017",DCGM_FI_DRIVER_VERSION="550.54.15""#;
+/// gputel's own per-GPU labels: dcgm-exporter's without the camelCase
+/// `modelName` and the driver version.
+const H100_OWN: &str = r#"gpu="0",UUID="GPU-3f5b2c1e-8a4d-4e6f-9b7a-1c2d3e4f5a6b",pci_bus_id="00000000:18:00.0",device="nvidia0",hostname="gpu-node-017""#;
 
 /// What promtool says of dcgm-exporter's own names and labels, which
 /// dashboards depend on: the only complaints allowed, and only on DCGM_*.
@@ -176,14 +183,16 @@ fn metrics_endpoint_serves_dcgm_exporter_names_that_promtool_accepts() {
         ("DCGM_FI_DEV_MEM_CLOCK", Some("2619"), Some("2619")),
         ("DCGM_FI_DEV_GPU_UTIL", Some("97"), Some("0")),
         ("DCGM_FI_DEV_MEM_COPY_UTIL", Some("41"), Some("0")),
-        // Bytes to MiB: 40 GiB used, 81559 MiB total.
+        // The A100's encoder is unsupported: no series.
+        ("DCGM_FI_DEV_ENC_UTIL", Some("5"), None),
+        ("DCGM_FI_DEV_DEC_UTIL", Some("17"), Some("0")),
+        // Bytes to MiB: 40 GiB used, 540 MiB reserved, 81559 MiB total.
         ("DCGM_FI_DEV_FB_USED", Some("40960"), Some("1024")),
-        ("DCGM_FI_DEV_FB_FREE", Some("40599"), Some("80896")),
+        ("DCGM_FI_DEV_FB_RESERVED", Some("540"), Some("0")),
+        ("DCGM_FI_DEV_FB_FREE", Some("40059"), Some("80896")),
         // Percent to ratio; the A100 has no GPM, so no series.
         ("DCGM_FI_PROF_SM_ACTIVE", Some("0.875"), None),
         ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", Some("0.4225"), None),
-        // The last XID, as DCGM keeps it.
-        ("DCGM_FI_DEV_XID_ERRORS", Some("79"), None),
     ] {
         let want: Vec<String> = [(H100, h100), (A100, a100)]
             .into_iter()
@@ -203,8 +212,27 @@ fn metrics_endpoint_serves_dcgm_exporter_names_that_promtool_accepts() {
         energy[1].starts_with(&format!("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{A100}}} ")),
         "{energy:?}"
     );
+    // The last XID, as DCGM keeps it, with its code and the catalogue's text.
+    assert_eq!(
+        series(body, "DCGM_FI_DEV_XID_ERRORS"),
+        [format!(
+            "DCGM_FI_DEV_XID_ERRORS{{{H100},err_code=\"79\",err_msg=\"GPU has fallen off the bus\"}} 79"
+        )]
+    );
+    // NVLink: DCGM's KiB/s / 1000 of both directions. The fake's default
+    // 40 + 36 GB/s read through 100 ms ticks, so near 74218, not exact.
+    let nvlink = series(body, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL");
+    assert_eq!(nvlink.len(), 2, "{nvlink:?}");
+    for (line, labels) in nvlink.iter().zip([H100, A100]) {
+        let value: f64 = line
+            .strip_prefix(&format!("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL{{{labels}}} "))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{line}"));
+        assert!((value - 74_218.0).abs() <= 74_218.0 * 0.05, "{line}");
+    }
     for (header, kind) in [
         ("DCGM_FI_DEV_GPU_TEMP", "gauge"),
+        ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "counter"),
         ("DCGM_FI_DEV_POWER_USAGE", "gauge"),
         ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter"),
         ("DCGM_FI_DEV_XID_ERRORS", "gauge"),
@@ -300,4 +328,59 @@ fn a_taken_metrics_port_stops_the_agent_with_a_clear_message() {
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
+}
+
+/// `metrics-hostname-label = "Hostname"` in the agent's file keeps the host
+/// label's pre-4.6.0 name on every GPU series, dcgm-exporter's and gputel's.
+#[test]
+fn the_config_file_can_keep_the_capital_hostname_label() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("agent.toml");
+    std::fs::write(&config, "metrics-hostname-label = \"Hostname\"\n").unwrap();
+    let scenario = tmp.path().join("scenario.toml");
+    std::fs::write(
+        &scenario,
+        "[[gpu]]\ntemperature_c = 44\nxid_events = [{ at_ms = 0, xid = 13 }]\n",
+    )
+    .unwrap();
+    let mut cmd = fixture_agent("gpu-node-017");
+    // No collector: the endpoint serves whatever was sampled.
+    cmd.arg("--config")
+        .arg(&config)
+        .args(["--collector", "http://127.0.0.1:9", "--drain-timeout", "1s"])
+        .args(["--interval", "100ms", "--metrics-listen", "127.0.0.1:0"])
+        .env(SCENARIO_ENV, &scenario)
+        .env("RUST_LOG", "info");
+    let mut agent = Running::spawn(cmd);
+    let line = agent.wait_for_log("metrics listening on ", Duration::from_secs(30));
+    let addr = line
+        .split("metrics listening on ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_owned();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let body = loop {
+        let body = get(&addr, "/metrics").expect("GET /metrics").body;
+        if body.contains("gputel_xid_events_total{") {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "no XID within 30s:\n{body}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let ids = r#"gpu="0",UUID="GPU-00000000-fake-4000-8000-000000000000",pci_bus_id="00000000:18:00.0",device="nvidia0""#;
+    assert_eq!(
+        series(&body, "DCGM_FI_DEV_GPU_TEMP"),
+        [format!(
+            r#"DCGM_FI_DEV_GPU_TEMP{{{ids},modelName="NVIDIA H100 80GB HBM3",Hostname="gpu-node-017",DCGM_FI_DRIVER_VERSION="550.54.15"}} 44"#
+        )]
+    );
+    assert_eq!(
+        series(&body, "gputel_xid_events_total"),
+        [format!(
+            r#"gputel_xid_events_total{{{ids},Hostname="gpu-node-017",xid="13"}} 1"#
+        )]
+    );
+    assert!(!body.contains("hostname="), "{body}");
+    agent.terminate(Duration::from_secs(30));
 }

@@ -71,7 +71,7 @@ fn the_default_fake_presents_eight_h100s_with_every_field() {
         }
         // Every other field too, but for retired pages (H100s remap rows
         // instead) and the job and pod (the built-in GPUs run nothing).
-        assert_eq!(fields.len(), 43, "{gpu}");
+        assert_eq!(fields.len(), 47, "{gpu}");
         for (field, value) in fields {
             let absent =
                 field.starts_with("retired_pages_") || field == "job_id" || field == "pod_uid";
@@ -85,6 +85,14 @@ fn the_default_fake_presents_eight_h100s_with_every_field() {
             json!(format!("GPU-0000000{i:x}-fake-4000-8000-00000000000{i:x}"))
         );
         assert_eq!(gpu["fb_total_bytes"], json!(85_520_809_984_u64));
+        assert_eq!(gpu["fb_reserved_bytes"], json!(566_231_040));
+        // The HGX H100 board's bus numbers, in index order.
+        let bus = [0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb][i];
+        assert_eq!(gpu["pci_bus_id"], json!(format!("00000000:{bus:02X}:00.0")));
+        assert_eq!(
+            (&gpu["enc_util_pct"], &gpu["dec_util_pct"]),
+            (&json!(0), &json!(0))
+        );
         let used = gpu["fb_used_bytes"].as_u64().unwrap();
         let free = gpu["fb_free_bytes"].as_u64().unwrap();
         // free = total - reserved (540 MiB in the built-in scenario) - used

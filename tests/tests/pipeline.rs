@@ -28,6 +28,9 @@ sm_clock_mhz = 1980
 memory_clock_mhz = 2619
 gpu_util_pct = 97
 memory_copy_util_pct = 41
+enc_util_pct = 3
+dec_util_pct = 9
+fb_reserved_bytes = 566231040
 "#;
 
 fn summary_field(summary: &str, key: &str) -> u64 {
@@ -146,7 +149,11 @@ fn every_row_the_agent_sends_is_queryable_in_duckdb() {
              min(power_mw) as min_power, max(power_mw) as max_power, max(temperature_c) as temp, \
              max(memory_temperature_c) as mem_temp, max(sm_clock_mhz) as sm, max(gpu_util_pct) as util, \
              max(fb_used_bytes) as used, max(fb_total_bytes) as total, any_value(node) as node, \
-             count(*) filter (where energy_mj is null) as no_energy from {}",
+             count(*) filter (where energy_mj is null) as no_energy, \
+             max(enc_util_pct) as enc, max(dec_util_pct) as dec, max(fb_reserved_bytes) as reserved, \
+             count(distinct pci_bus_id) as buses, \
+             string_agg(distinct pci_bus_id, ' ' order by pci_bus_id) filter (where gpu in (0, 7)) as bus_0_7 \
+             from {}",
             table_scan(&store, "gpu")
         ),
     );
@@ -156,7 +163,10 @@ fn every_row_the_agent_sends_is_queryable_in_duckdb() {
             "gpus": 8, "uuids": 8, "model": "NVIDIA H100 80GB HBM3",
             "min_power": 512000, "max_power": 512000, "temp": 61, "mem_temp": 68,
             "sm": 1980, "util": 97, "used": 42949672960_u64, "total": 85520809984_u64,
-            "node": "gpu-node-017", "no_energy": 0
+            "node": "gpu-node-017", "no_energy": 0,
+            "enc": 3, "dec": 9, "reserved": 566231040_u64,
+            // The fake's HGX bus numbers: one PCI address per GPU.
+            "buses": 8, "bus_0_7": "00000000:18:00.0 00000000:DB:00.0"
         })
     );
     // The fixture's mlx5_0 port_rcv_data counts 4-byte words.

@@ -68,6 +68,18 @@ pub(super) const GPU_METRICS: &[RowMetric<GpuSample>] = &[
         value: |g| g.memory_copy_util_pct.map(f64::from),
     },
     RowMetric {
+        name: "DCGM_FI_DEV_ENC_UTIL",
+        kind: Kind::Gauge,
+        help: "Encoder utilization (in %).",
+        value: |g| g.enc_util_pct.map(f64::from),
+    },
+    RowMetric {
+        name: "DCGM_FI_DEV_DEC_UTIL",
+        kind: Kind::Gauge,
+        help: "Decoder utilization (in %).",
+        value: |g| g.dec_util_pct.map(f64::from),
+    },
+    RowMetric {
         name: "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
         kind: Kind::Gauge,
         help: "Current clock throttle reasons (bitmask of nvmlClocksEventReason* bits).",
@@ -84,6 +96,12 @@ pub(super) const GPU_METRICS: &[RowMetric<GpuSample>] = &[
         kind: Kind::Gauge,
         help: "Framebuffer memory used (in MiB).",
         value: |g| g.fb_used_bytes.map(mib),
+    },
+    RowMetric {
+        name: "DCGM_FI_DEV_FB_RESERVED",
+        kind: Kind::Gauge,
+        help: "Framebuffer memory reserved (in MiB).",
+        value: |g| g.fb_reserved_bytes.map(mib),
     },
     RowMetric {
         name: "DCGM_FI_DEV_FB_TOTAL",
@@ -157,6 +175,15 @@ pub(super) const GPU_METRICS: &[RowMetric<GpuSample>] = &[
         help: "Whether remapping of rows is pending (a GPU reset applies it)",
         value: |g| g.remapped_rows_pending.map(flag),
     },
+    // dcgm-exporter declares this MB/s rate a counter; its type and help
+    // are copied as they are, because dashboards and recording rules were
+    // written against them.
+    RowMetric {
+        name: "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+        kind: Kind::Counter,
+        help: "Total number of NVLink bandwidth counters for all lanes.",
+        value: |g| nvlink_bandwidth_total(g).map(|v| v as f64),
+    },
     RowMetric {
         name: "DCGM_FI_PROF_SM_ACTIVE",
         kind: Kind::Gauge,
@@ -212,6 +239,16 @@ pub(super) const GPU_METRICS: &[RowMetric<GpuSample>] = &[
         value: |g| g.nvlink_rx_bytes_per_s.map(|v| v as f64),
     },
 ];
+
+/// DCGM's NVLink bandwidth (field 449): the increase of NVML's KiB counters
+/// of both directions per second, divided by 1000 (DCGM calls it MB/s; it is
+/// KiB/s ÷ 1000), truncated. None unless both directions were read.
+fn nvlink_bandwidth_total(g: &GpuSample) -> Option<u64> {
+    let bytes_per_s = g
+        .nvlink_tx_bytes_per_s?
+        .checked_add(g.nvlink_rx_bytes_per_s?)?;
+    Some(bytes_per_s / 1024 / 1000)
+}
 
 /// The last XID per GPU, as DCGM keeps it: it stays until another XID comes.
 pub(super) const XID_LAST: &str = "DCGM_FI_DEV_XID_ERRORS";

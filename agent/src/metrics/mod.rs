@@ -8,6 +8,12 @@
 //!
 //! Units follow DCGM, not the wire protocol: watts, MiB, ratios 0–1 for the
 //! profiling (GPM) fields. A field the sample leaves unset has no series.
+//!
+//! Labels follow dcgm-exporter 4.6.0-4.8.3, in its order: `gpu`, `UUID`,
+//! `pci_bus_id`, `device`, `modelName`, `hostname` (or the `Hostname` of
+//! earlier releases, see [`HostnameLabel`]), `DCGM_FI_DRIVER_VERSION` (a
+//! `label` row of its default counters), then its attributes sorted by
+//! name: `err_code`, `err_msg` (XID series only), `hpc_job`.
 
 mod gpu;
 mod ib;
@@ -35,11 +41,43 @@ pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// dcgm-exporter's label names on every per-GPU series.
 const LABEL_GPU: &str = "gpu";
 const LABEL_UUID: &str = "UUID";
+const LABEL_PCI_BUS_ID: &str = "pci_bus_id";
 const LABEL_DEVICE: &str = "device";
 const LABEL_MODEL: &str = "modelName";
-const LABEL_HOSTNAME: &str = "Hostname";
+/// The driver version: a `label` row of dcgm-exporter's default counters,
+/// named after its DCGM field.
+const LABEL_DRIVER_VERSION: &str = "DCGM_FI_DRIVER_VERSION";
+/// The XID of `DCGM_FI_DEV_XID_ERRORS`, and its text from the XID catalogue.
+const LABEL_ERR_CODE: &str = "err_code";
+const LABEL_ERR_MSG: &str = "err_msg";
 /// dcgm-exporter's HPC job mapping label, present only when the job is known.
 const LABEL_HPC_JOB: &str = "hpc_job";
+
+/// The name of the host label. dcgm-exporter renamed `Hostname` to
+/// `hostname` in 4.6.0-4.8.3; dashboards written for earlier releases
+/// select on `Hostname`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+pub enum HostnameLabel {
+    /// `hostname`, as dcgm-exporter 4.6.0-4.8.3 and later write it.
+    #[default]
+    #[value(name = "hostname")]
+    #[serde(rename = "hostname")]
+    Lower,
+    /// `Hostname`, as dcgm-exporter up to 4.5.3-4.8.2 wrote it.
+    #[value(name = "Hostname")]
+    #[serde(rename = "Hostname")]
+    Capital,
+}
+
+impl HostnameLabel {
+    /// The label's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            HostnameLabel::Lower => "hostname",
+            HostnameLabel::Capital => "Hostname",
+        }
+    }
+}
 
 const MIB: u64 = 1024 * 1024;
 
@@ -74,9 +112,28 @@ const AGENT_TICK_DURATION_HELP: &str = "Seconds from the last tick's time until 
 /// scrapes. Thread-safe: the sampling thread records, the HTTP side renders.
 #[derive(Debug)]
 pub struct Metrics {
-    /// The node name, dcgm-exporter's `Hostname` label.
-    hostname: String,
+    host: HostLabels,
     state: Mutex<Recorded>,
+}
+
+/// What every per-GPU series says of the node.
+#[derive(Debug, Clone)]
+struct HostLabels {
+    /// The node name, dcgm-exporter's host label's value.
+    hostname: String,
+    label: HostnameLabel,
+    /// NVML's driver version; without it, no `DCGM_FI_DRIVER_VERSION` label.
+    driver_version: Option<String>,
+}
+
+/// The identity of a GPU as its rows last gave it, for the series of GPUs
+/// that have left the rows (a GPU that fell off the bus keeps its XIDs).
+#[derive(Debug, Clone, Default)]
+struct GpuIdentity {
+    gpu: u32,
+    uuid: String,
+    model: String,
+    pci_bus_id: String,
 }
 
 /// What the ticks so far left for scrapes.
@@ -86,6 +143,8 @@ struct Recorded {
     tick: Arc<TickRows>,
     /// Per GPU (index, UUID): its events since the agent started.
     events: BTreeMap<(u32, String), GpuEvents>,
+    /// Every GPU that ever had a row, as its last row gave it.
+    identity: Vec<GpuIdentity>,
     ticks: u64,
 }
 
@@ -101,8 +160,6 @@ struct TickRows {
 
 #[derive(Debug, Clone, Default)]
 struct GpuEvents {
-    /// The GPU's model, from its rows, for the labels of DCGM_FI_DEV_XID_ERRORS.
-    model: String,
     last_xid: Option<u64>,
     /// Count per XID.
     xids: BTreeMap<u64, u64>,
@@ -111,13 +168,31 @@ struct GpuEvents {
 }
 
 impl Metrics {
-    /// Empty metrics for node `hostname`; a scrape before the first tick shows
-    /// only the agent's own metrics.
+    /// Empty metrics for node `hostname`, under the label `hostname` and
+    /// without a driver version; a scrape before the first tick shows only
+    /// the agent's own metrics.
     pub fn new(hostname: &str) -> Self {
         Self {
-            hostname: hostname.to_owned(),
+            host: HostLabels {
+                hostname: hostname.to_owned(),
+                label: HostnameLabel::default(),
+                driver_version: None,
+            },
             state: Mutex::new(Recorded::default()),
         }
+    }
+
+    /// The host label's name.
+    pub fn with_hostname_label(mut self, label: HostnameLabel) -> Self {
+        self.host.label = label;
+        self
+    }
+
+    /// The driver version every per-GPU series carries as
+    /// `DCGM_FI_DRIVER_VERSION`; None leaves that label out.
+    pub fn with_driver_version(mut self, version: Option<&str>) -> Self {
+        self.host.driver_version = version.map(str::to_owned);
+        self
     }
 
     /// Takes one tick's batch: its rows replace the previous tick's, its
@@ -146,19 +221,33 @@ impl Metrics {
         });
         let mut state = self.lock();
         state.ticks += 1;
+        for row in &batch.gpu {
+            let pci_bus_id = row.pci_bus_id.as_deref().unwrap_or_default();
+            // Allocates only for a GPU not seen before or one whose identity changed.
+            let known = state
+                .identity
+                .iter_mut()
+                .find(|k| k.gpu == row.gpu && k.uuid == row.uuid);
+            match known {
+                Some(k) if k.model == row.model && k.pci_bus_id == pci_bus_id => {}
+                Some(k) => {
+                    k.model.clone_from(&row.model);
+                    pci_bus_id.clone_into(&mut k.pci_bus_id);
+                }
+                None => state.identity.push(GpuIdentity {
+                    gpu: row.gpu,
+                    uuid: row.uuid.clone(),
+                    model: row.model.clone(),
+                    pci_bus_id: pci_bus_id.to_owned(),
+                }),
+            }
+        }
         for event in &batch.event {
             let kind = event.kind();
             let entry = state
                 .events
                 .entry((event.gpu, event.uuid.clone()))
                 .or_default();
-            if let Some(row) = batch
-                .gpu
-                .iter()
-                .find(|g| g.gpu == event.gpu && g.uuid == event.uuid)
-            {
-                entry.model.clone_from(&row.model);
-            }
             *entry.kinds.entry(kind.name()).or_default() += 1;
             if kind == EventKind::Xid {
                 entry.last_xid = Some(event.code);
@@ -175,7 +264,7 @@ impl Metrics {
     /// Every metric in the text exposition format 0.0.4.
     pub fn render(&self) -> Result<String, prometheus::Error> {
         let state = self.lock().clone();
-        let families = state.families(&self.hostname);
+        let families = state.families(&self.host);
         let mut out = String::with_capacity(64 * 1024);
         TextEncoder::new().encode_utf8(&families, &mut out)?;
         Ok(out)
@@ -194,49 +283,69 @@ fn hpc_job(sample: &GpuSample) -> Option<&str> {
     sample.job_id.as_deref()
 }
 
-/// dcgm-exporter's labels of one GPU, in its order.
+/// dcgm-exporter's labels of one GPU, in its order: the GPU's identity,
+/// the host, the driver version, then `attributes` (already sorted by name)
+/// and `hpc_job` (which sorts after `err_code` and `err_msg`).
 fn gpu_labels(
-    gpu: u32,
-    uuid: &str,
-    model: &str,
-    hostname: &str,
+    identity: &GpuIdentity,
+    host: &HostLabels,
+    attributes: &[(&str, String)],
     job: Option<&str>,
 ) -> Vec<LabelPair> {
     let mut labels = vec![
-        label(LABEL_GPU, gpu.to_string()),
-        label(LABEL_UUID, uuid),
+        label(LABEL_GPU, identity.gpu.to_string()),
+        label(LABEL_UUID, identity.uuid.as_str()),
+        label(LABEL_PCI_BUS_ID, identity.pci_bus_id.as_str()),
         // dcgm-exporter names the device node, nvidia<minor>; the minor number
         // is not on the wire and equals the index on ordinary systems.
-        label(LABEL_DEVICE, format!("nvidia{gpu}")),
-        label(LABEL_MODEL, model),
-        label(LABEL_HOSTNAME, hostname),
+        label(LABEL_DEVICE, format!("nvidia{}", identity.gpu)),
+        label(LABEL_MODEL, identity.model.as_str()),
+        label(host.label.name(), host.hostname.as_str()),
     ];
+    if let Some(version) = &host.driver_version {
+        labels.push(label(LABEL_DRIVER_VERSION, version.as_str()));
+    }
+    for (name, value) in attributes {
+        labels.push(label(name, value.as_str()));
+    }
     if let Some(job) = job {
         labels.push(label(LABEL_HPC_JOB, job));
     }
     labels
 }
 
-/// The labels of gputel's own per-GPU series: dcgm-exporter's without the
-/// camelCase `modelName` (join on `UUID` for the model).
-fn gputel_gpu_labels(gpu: u32, uuid: &str, hostname: &str) -> Vec<LabelPair> {
+/// The labels of gputel's own per-GPU series: dcgm-exporter's identity and
+/// host labels, in its order, without the camelCase `modelName` and the
+/// driver version (join on `UUID` for those).
+fn gputel_gpu_labels(identity: &GpuIdentity, host: &HostLabels) -> Vec<LabelPair> {
     vec![
-        label(LABEL_GPU, gpu.to_string()),
-        label(LABEL_UUID, uuid),
-        label(LABEL_DEVICE, format!("nvidia{gpu}")),
-        label(LABEL_HOSTNAME, hostname),
+        label(LABEL_GPU, identity.gpu.to_string()),
+        label(LABEL_UUID, identity.uuid.as_str()),
+        label(LABEL_PCI_BUS_ID, identity.pci_bus_id.as_str()),
+        label(LABEL_DEVICE, format!("nvidia{}", identity.gpu)),
+        label(host.label.name(), host.hostname.as_str()),
     ]
 }
 
+/// The identity a GPU row gives.
+fn identity_of(row: &GpuSample) -> GpuIdentity {
+    GpuIdentity {
+        gpu: row.gpu,
+        uuid: row.uuid.clone(),
+        model: row.model.clone(),
+        pci_bus_id: row.pci_bus_id.clone().unwrap_or_default(),
+    }
+}
+
 impl Recorded {
-    fn families(&self, hostname: &str) -> Vec<MetricFamily> {
+    fn families(&self, host: &HostLabels) -> Vec<MetricFamily> {
         let tick = &self.tick;
         let mut out = Vec::new();
 
         let row_labels: Vec<Vec<LabelPair>> = tick
             .gpu
             .iter()
-            .map(|g| gpu_labels(g.gpu, &g.uuid, &g.model, hostname, hpc_job(g)))
+            .map(|g| gpu_labels(&identity_of(g), host, &[], hpc_job(g)))
             .collect();
         for m in GPU_METRICS {
             let series = tick
@@ -260,11 +369,27 @@ impl Recorded {
         let mut xids = Vec::new();
         let mut kinds = Vec::new();
         for ((gpu, uuid), events) in &self.events {
+            let identity = self
+                .identity
+                .iter()
+                .find(|k| k.gpu == *gpu && k.uuid == *uuid)
+                .cloned()
+                // A GPU lost before its first row: all that is known.
+                .unwrap_or_else(|| GpuIdentity {
+                    gpu: *gpu,
+                    uuid: uuid.clone(),
+                    ..GpuIdentity::default()
+                });
             if let Some(xid) = events.last_xid {
-                let labels = gpu_labels(*gpu, uuid, &events.model, hostname, job_of(*gpu, uuid));
+                // dcgm-exporter's attributes of this family, sorted by name.
+                let attributes = [
+                    (LABEL_ERR_CODE, xid.to_string()),
+                    (LABEL_ERR_MSG, gputel_schemas::xid::err_msg(xid).to_owned()),
+                ];
+                let labels = gpu_labels(&identity, host, &attributes, job_of(*gpu, uuid));
                 last_xid.push(sample(labels, Kind::Gauge, xid as f64));
             }
-            let labels = gputel_gpu_labels(*gpu, uuid, hostname);
+            let labels = gputel_gpu_labels(&identity, host);
             for (xid, count) in &events.xids {
                 let mut labels = labels.clone();
                 labels.push(label("xid", xid.to_string()));
@@ -477,9 +602,14 @@ mod tests {
             memory_clock_mhz: Some(2619),
             gpu_util_pct: Some(97),
             memory_copy_util_pct: Some(41),
+            enc_util_pct: Some(7),
+            dec_util_pct: Some(23),
+            pci_bus_id: Some(format!("00000000:1{gpu}:00.0")),
             fb_used_bytes: Some(42_949_672_960),
-            fb_free_bytes: Some(42_571_137_024),
+            // total - used - reserved.
+            fb_free_bytes: Some(42_004_905_984),
             fb_total_bytes: Some(85_520_809_984),
+            fb_reserved_bytes: Some(566_231_040),
             sm_active_pct: Some(97.3),
             sm_occupancy_pct: Some(41.25),
             tensor_active_pct: Some(12.5),
@@ -504,11 +634,18 @@ mod tests {
         }
     }
 
-    /// Labels of h100(gpu) on node gpu-node-017.
+    /// The agent's metrics on node gpu-node-017 with driver 550.54.15.
+    fn node_017() -> Metrics {
+        Metrics::new("gpu-node-017").with_driver_version(Some("550.54.15"))
+    }
+
+    /// Labels of h100(gpu) on node_017(), in dcgm-exporter's order.
     fn labels(gpu: u32) -> String {
         format!(
-            "gpu=\"{gpu}\",UUID=\"GPU-0000000{gpu}-fake-4000-8000-00000000000{gpu}\",device=\"nvidia{gpu}\",\
-             modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"gpu-node-017\""
+            "gpu=\"{gpu}\",UUID=\"GPU-0000000{gpu}-fake-4000-8000-00000000000{gpu}\",\
+             pci_bus_id=\"00000000:1{gpu}:00.0\",device=\"nvidia{gpu}\",\
+             modelName=\"NVIDIA H100 80GB HBM3\",hostname=\"gpu-node-017\",\
+             DCGM_FI_DRIVER_VERSION=\"550.54.15\""
         )
     }
 
@@ -547,7 +684,7 @@ mod tests {
 
     #[test]
     fn gpu_rows_render_with_dcgm_names_labels_and_units() {
-        let metrics = Metrics::new("gpu-node-017");
+        let metrics = node_017();
         let batch = Batch {
             seq: 1,
             gpu: vec![h100(0), h100(1)],
@@ -569,10 +706,13 @@ mod tests {
             ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "5"),
             ("DCGM_FI_DEV_GPU_UTIL", "97"),
             ("DCGM_FI_DEV_MEM_COPY_UTIL", "41"),
+            ("DCGM_FI_DEV_ENC_UTIL", "7"),
+            ("DCGM_FI_DEV_DEC_UTIL", "23"),
             ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "4"),
-            // Bytes to MiB, rounded down: 42571137024 B is 40599.0234375 MiB.
-            ("DCGM_FI_DEV_FB_FREE", "40599"),
+            // Bytes to MiB, rounded down: 42004905984 B is 40059.0234375 MiB.
+            ("DCGM_FI_DEV_FB_FREE", "40059"),
             ("DCGM_FI_DEV_FB_USED", "40960"),
+            ("DCGM_FI_DEV_FB_RESERVED", "540"),
             ("DCGM_FI_DEV_FB_TOTAL", "81559"),
             ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "3"),
             ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "0"),
@@ -582,6 +722,9 @@ mod tests {
             ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "0"),
             ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "0"),
             ("DCGM_FI_DEV_ROW_REMAP_PENDING", "0"),
+            // DCGM's KiB/s / 1000 of both directions: 590e9 B/s / 1024 / 1000
+            // = 576171.875, truncated.
+            ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "576171"),
             // Percent to DCGM's ratio.
             ("DCGM_FI_PROF_SM_ACTIVE", "0.973"),
             ("DCGM_FI_PROF_SM_OCCUPANCY", "0.4125"),
@@ -614,6 +757,11 @@ mod tests {
             "# TYPE DCGM_FI_DEV_ROW_REMAP_FAILURE gauge",
             "# TYPE DCGM_FI_PROF_SM_ACTIVE gauge",
             "# TYPE DCGM_FI_PROF_PCIE_TX_BYTES gauge",
+            "# HELP DCGM_FI_DEV_ENC_UTIL Encoder utilization (in %).\n# TYPE DCGM_FI_DEV_ENC_UTIL gauge",
+            "# HELP DCGM_FI_DEV_FB_RESERVED Framebuffer memory reserved (in MiB).\n# TYPE DCGM_FI_DEV_FB_RESERVED gauge",
+            // dcgm-exporter's type for a rate, kept for its dashboards.
+            "# HELP DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL Total number of NVLink bandwidth counters for all lanes.\n\
+             # TYPE DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL counter",
         ] {
             assert!(text.contains(header), "no {header:?} in\n{text}");
         }
@@ -635,7 +783,7 @@ mod tests {
 
     #[test]
     fn unset_fields_have_no_series() {
-        let metrics = Metrics::new("gpu-node-017");
+        let metrics = node_017();
         let bare = GpuSample {
             ts_us: TS_US,
             gpu: 1,
@@ -657,8 +805,10 @@ mod tests {
             series(&lines, "DCGM_FI_DEV_GPU_TEMP"),
             [
                 format!("DCGM_FI_DEV_GPU_TEMP{{{}}} 61", labels(0)),
+                // No PCI address known: an empty label, as dcgm-exporter prints it.
                 "DCGM_FI_DEV_GPU_TEMP{gpu=\"1\",UUID=\"GPU-0000000a-fake-4000-8000-00000000000a\",\
-                 device=\"nvidia1\",modelName=\"NVIDIA A100-SXM4-80GB\",Hostname=\"gpu-node-017\"} 34"
+                 pci_bus_id=\"\",device=\"nvidia1\",modelName=\"NVIDIA A100-SXM4-80GB\",\
+                 hostname=\"gpu-node-017\",DCGM_FI_DRIVER_VERSION=\"550.54.15\"} 34"
                     .to_owned(),
             ]
         );
@@ -680,7 +830,7 @@ mod tests {
 
     #[test]
     fn xids_are_counted_across_batches_and_the_last_one_stays() {
-        let metrics = Metrics::new("gpu-node-017");
+        let metrics = node_017();
         metrics.record_at(
             &Batch {
                 gpu: vec![h100(0), h100(1)],
@@ -702,11 +852,18 @@ mod tests {
         );
         let lines = rendered(&metrics);
         let uuid = "GPU-00000001-fake-4000-8000-000000000001";
+        // The last XID, its code and the catalogue's text for it.
         assert_eq!(
             series(&lines, "DCGM_FI_DEV_XID_ERRORS"),
-            [format!("DCGM_FI_DEV_XID_ERRORS{{{}}} 79", labels(1))]
+            [format!(
+                "DCGM_FI_DEV_XID_ERRORS{{{},err_code=\"79\",err_msg=\"GPU has fallen off the bus\"}} 79",
+                labels(1)
+            )]
         );
-        let own = format!("gpu=\"1\",UUID=\"{uuid}\",device=\"nvidia1\",Hostname=\"gpu-node-017\"");
+        let own = format!(
+            "gpu=\"1\",UUID=\"{uuid}\",pci_bus_id=\"00000000:11:00.0\",device=\"nvidia1\",\
+             hostname=\"gpu-node-017\""
+        );
         assert_eq!(
             series(&lines, "gputel_xid_events_total"),
             [
@@ -743,8 +900,79 @@ mod tests {
     }
 
     #[test]
+    fn xid_attributes_follow_dcgm_exporters_order_and_the_catalogue() {
+        let metrics = node_017();
+        let mut with_job = h100(0);
+        with_job.job_id = Some("4242".into());
+        metrics.record_at(
+            &Batch {
+                gpu: vec![with_job, h100(1)],
+                // NVML's "unknown XID" on GPU 0; 48 on GPU 1; 13 on a GPU 2
+                // that never had a row (lost before the first tick).
+                event: vec![xid(0, 999), xid(1, 48), xid(2, 13)],
+                ..Batch::default()
+            },
+            TS_US,
+        );
+        let lines = rendered(&metrics);
+        assert_eq!(
+            series(&lines, "DCGM_FI_DEV_XID_ERRORS"),
+            [
+                // err_code, err_msg, then hpc_job: attributes sorted by name.
+                format!(
+                    "DCGM_FI_DEV_XID_ERRORS{{{},err_code=\"999\",err_msg=\"Unknown Error\",hpc_job=\"4242\"}} 999",
+                    labels(0)
+                ),
+                format!(
+                    "DCGM_FI_DEV_XID_ERRORS{{{},err_code=\"48\",err_msg=\"Double Bit ECC Error\"}} 48",
+                    labels(1)
+                ),
+                "DCGM_FI_DEV_XID_ERRORS{gpu=\"2\",UUID=\"GPU-00000002-fake-4000-8000-000000000002\",\
+                 pci_bus_id=\"\",device=\"nvidia2\",modelName=\"\",hostname=\"gpu-node-017\",\
+                 DCGM_FI_DRIVER_VERSION=\"550.54.15\",err_code=\"13\",err_msg=\"Graphics Engine Exception\"} 13"
+                    .to_owned(),
+            ]
+        );
+        // The job's label is on every series of its GPU, last.
+        assert_eq!(
+            series(&lines, "DCGM_FI_DEV_GPU_TEMP")[0],
+            format!("DCGM_FI_DEV_GPU_TEMP{{{},hpc_job=\"4242\"}} 61", labels(0))
+        );
+    }
+
+    #[test]
+    fn the_host_label_can_keep_its_old_capital_name() {
+        let metrics = Metrics::new("gpu-node-017").with_hostname_label(HostnameLabel::Capital);
+        metrics.record_at(
+            &Batch {
+                gpu: vec![h100(0)],
+                event: vec![xid(0, 79)],
+                ..Batch::default()
+            },
+            TS_US,
+        );
+        let lines = rendered(&metrics);
+        // Without a driver version, no DCGM_FI_DRIVER_VERSION label.
+        let ids = "gpu=\"0\",UUID=\"GPU-00000000-fake-4000-8000-000000000000\",\
+                   pci_bus_id=\"00000000:10:00.0\",device=\"nvidia0\"";
+        assert_eq!(
+            series(&lines, "DCGM_FI_DEV_GPU_TEMP"),
+            [format!(
+                "DCGM_FI_DEV_GPU_TEMP{{{ids},modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"gpu-node-017\"}} 61"
+            )]
+        );
+        assert_eq!(
+            series(&lines, "gputel_xid_events_total"),
+            [format!(
+                "gputel_xid_events_total{{{ids},Hostname=\"gpu-node-017\",xid=\"79\"}} 1"
+            )]
+        );
+        assert!(!lines.iter().any(|l| l.contains("hostname=")), "{lines:#?}");
+    }
+
+    #[test]
     fn host_and_infiniband_rows_render_under_gputel_names() {
-        let metrics = Metrics::new("gpu-node-017");
+        let metrics = node_017();
         let node = NodeSample {
             ts_us: TS_US,
             cpu_count: 224,
@@ -925,7 +1153,7 @@ mod tests {
 
     #[test]
     fn before_the_first_tick_only_the_agent_reports() {
-        let metrics = Metrics::new("gpu-node-017");
+        let metrics = node_017();
         assert_eq!(
             metrics.render().unwrap(),
             format!(
@@ -954,7 +1182,7 @@ mod tests {
         );
         let text = metrics.render().unwrap();
         assert!(
-            text.contains(r#"modelName="a \"quoted\" \\ model\n",Hostname="n"} 61"#),
+            text.contains(r#"modelName="a \"quoted\" \\ model\n",hostname="n"} 61"#),
             "{text}"
         );
     }

@@ -1,8 +1,10 @@
 //! GPUs through NVML (`nvml-wrapper`). The library is loaded once; a machine
 //! without the NVIDIA driver is a normal state that the agent reports once.
 //!
-//! Per tick and GPU: identity, temperatures, power and its limit, energy,
-//! clocks, utilization, framebuffer, clock event ("throttle") reasons, and
+//! Per tick and GPU: identity (the PCI address is read once, at start),
+//! temperatures, power and its limit, energy, clocks, utilization (GPU,
+//! memory copy, video encoder and decoder), framebuffer, clock event
+//! ("throttle") reasons, and
 //! one `nvmlDeviceGetFieldValues` call for memory temperature, ECC, retired
 //! pages, remapped rows, PCIe replays and the PCIe and NVLink byte counters.
 //! GPM (Hopper and newer) gives SM, tensor and DRAM activity between two
@@ -157,6 +159,8 @@ struct GpuState {
     index: u32,
     uuid: String,
     model: String,
+    /// NVML's `busId`, e.g. "00000000:18:00.0"; None when NVML cannot say.
+    pci_bus_id: Option<String>,
     device: Device<'static>,
     /// None when the GPU has no GPM; else the previous tick's GPM sample.
     gpm: Option<Option<GpmSample<'static>>>,
@@ -248,6 +252,7 @@ impl GpuSampler {
                 index,
                 uuid: device.uuid().unwrap_or_default(),
                 model: device.name().unwrap_or_default(),
+                pci_bus_id: device.pci_info().ok().map(|p| p.bus_id),
                 device,
                 gpm,
                 prev: None,
@@ -463,6 +468,8 @@ fn sample_device(
         return GpuSample::default();
     }
     let utilization = read.get("utilization", device.utilization_rates());
+    let encoder = read.get("encoder_utilization", device.encoder_utilization());
+    let decoder = read.get("decoder_utilization", device.decoder_utilization());
     let memory = read.get("memory_info", device.memory_info());
     let power_mw = read.get("power", device.power_usage());
     let energy_mj = read.get("energy", device.total_energy_consumption());
@@ -489,6 +496,7 @@ fn sample_device(
         gpu: gpu.index,
         uuid: gpu.uuid.clone(),
         model: gpu.model.clone(),
+        pci_bus_id: gpu.pci_bus_id.clone(),
         temperature_c,
         memory_temperature_c: fields.get_u32(field::MEMORY_TEMP),
         power_mw,
@@ -497,9 +505,12 @@ fn sample_device(
         memory_clock_mhz: read.get("memory_clock", device.clock_info(Clock::Memory)),
         gpu_util_pct: utilization.as_ref().map(|u| u.gpu),
         memory_copy_util_pct: utilization.as_ref().map(|u| u.memory),
+        enc_util_pct: encoder.map(|u| u.utilization),
+        dec_util_pct: decoder.map(|u| u.utilization),
         fb_used_bytes: memory.as_ref().map(|m| m.used),
         fb_free_bytes: memory.as_ref().map(|m| m.free),
         fb_total_bytes: memory.as_ref().map(|m| m.total),
+        fb_reserved_bytes: memory.as_ref().map(|m| m.reserved),
         sm_active_pct: gpm[0],
         sm_occupancy_pct: gpm[1],
         tensor_active_pct: gpm[2],

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use gputel_proto::GpuSample;
 use serde::{Deserialize, Serialize};
 
-use super::rules::{Condition, Metric, Rule, RuleSet};
+use super::rules::{Condition, Metric, Rule, RuleSet, xid_matches};
 use crate::write::AlertInput;
 
 /// What one sample says about a rule's condition.
@@ -278,9 +278,13 @@ impl Evaluator {
         let rules = self.rules.clone();
         for rule in &rules {
             match &rule.condition {
-                Condition::Xid { codes, clear_after } => {
+                Condition::Xid {
+                    codes,
+                    categories,
+                    clear_after,
+                } => {
                     for x in &input.xids {
-                        if codes.is_empty() || codes.contains(&x.code) {
+                        if xid_matches(codes, categories, x.code) {
                             let (model, job) = self
                                 .gpus
                                 .get(&(input.node.clone(), x.gpu))
@@ -842,6 +846,44 @@ mod tests {
             }
         );
         assert_eq!(resolved[0].value, Some(79.0));
+    }
+
+    #[test]
+    fn xid_categories_fire_on_their_xids_and_listed_codes_too() {
+        let rule = "[[rule]]\nname = \"XidHw\"\nmetric = \"xid\"\n\
+                    categories = [\"hardware\", \"memory\"]\ncodes = [13]\n";
+        let mut e = Evaluator::new(&rules(rule), BTreeMap::new());
+        // One GPU per XID, so that each fires (or not) on its own.
+        let xid = |gpu: u32, code| GpuEvent {
+            ts_us: T0,
+            gpu,
+            uuid: format!("GPU-{gpu}"),
+            kind: EventKind::Xid as i32,
+            code,
+            ..Default::default()
+        };
+        let mut batch = input((0..6).map(|g| reading(0, g, 50, 300, 700)).collect());
+        // 79 hardware, 48 memory, 13 application but listed, 31 application,
+        // 74 nvlink, 999 in no category.
+        batch.xids = [79, 48, 13, 31, 74, 999]
+            .iter()
+            .enumerate()
+            .map(|(g, code)| xid(g as u32, *code))
+            .collect();
+        let mut fired: Vec<(Option<u32>, Option<f64>)> = e
+            .observe(&batch)
+            .iter()
+            .map(|a| (a.key.gpu, a.value))
+            .collect();
+        fired.sort_by_key(|(gpu, _)| *gpu);
+        assert_eq!(
+            fired,
+            [
+                (Some(0), Some(79.0)),
+                (Some(1), Some(48.0)),
+                (Some(2), Some(13.0))
+            ]
+        );
     }
 
     #[test]

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use gputel_proto::clock_event_reasons as reason;
+use gputel_schemas::xid::{self, XidCategory};
 use serde::Deserialize;
 use toml::Spanned;
 
@@ -172,14 +173,25 @@ pub enum Condition {
         /// Threshold and clear are percent of the GPU's (or node's) power limit.
         relative_to_limit: bool,
     },
-    /// Breached by an XID event with one of `codes` (any XID when empty);
-    /// clear once `clear_after` passes without another.
+    /// Breached by an XID event with one of `codes` or whose catalogue
+    /// category is one of `categories` (any XID when both are empty); clear
+    /// once `clear_after` passes without another.
     Xid {
         codes: Vec<u64>,
+        categories: Vec<XidCategory>,
         clear_after: Duration,
     },
     /// Breached while any of the `mask` bits is set in the clock event reasons.
     Throttle { mask: u64 },
+}
+
+/// Whether XID `code` breaches an XID condition of `codes` and
+/// `categories`: either lists it, or both are empty (any XID). A code the
+/// XID catalogue lacks has no category, so only `codes` can name it.
+pub fn xid_matches(codes: &[u64], categories: &[XidCategory], code: u64) -> bool {
+    (codes.is_empty() && categories.is_empty())
+        || codes.contains(&code)
+        || xid::category(code).is_some_and(|c| categories.contains(&c))
 }
 
 /// Why a rules file was refused.
@@ -217,6 +229,7 @@ struct RawRule {
     clear_for: Option<Spanned<String>>,
     clear_after: Option<Spanned<String>>,
     codes: Option<Spanned<Vec<u64>>>,
+    categories: Option<Spanned<Vec<String>>>,
     reasons: Option<Spanned<Vec<String>>>,
     severity: Option<Spanned<String>>,
     labels: Option<Spanned<BTreeMap<String, String>>>,
@@ -387,6 +400,11 @@ fn check_rule(at: &Locator<'_>, raw: RawRule) -> Result<Rule, RulesError> {
             "only xid takes codes",
         )?;
         not_for(
+            "categories",
+            raw.categories.as_ref().map(|v| v.span().start),
+            "only xid takes categories",
+        )?;
+        not_for(
             "reasons",
             raw.reasons.as_ref().map(|v| v.span().start),
             "only throttle metrics take reasons",
@@ -512,12 +530,54 @@ fn check_rule(at: &Locator<'_>, raw: RawRule) -> Result<Rule, RulesError> {
                 return Err(at.at(v, &name, "clear-after", "must be above zero"));
             }
             let codes = raw.codes.map(Spanned::into_inner).unwrap_or_default();
-            Condition::Xid { codes, clear_after }
+            let categories = match &raw.categories {
+                None => Vec::new(),
+                Some(list) => {
+                    let mut categories = Vec::new();
+                    for category in list.get_ref() {
+                        let Some(c) = XidCategory::from_name(category) else {
+                            let known: Vec<_> = XidCategory::ALL.iter().map(|c| c.name()).collect();
+                            return Err(at.at(
+                                list,
+                                &name,
+                                "categories",
+                                &format!(
+                                    "unknown XID category {category:?}; expected some of {} \
+                                     (schemas/xid/xids.csv)",
+                                    known.join(", ")
+                                ),
+                            ));
+                        };
+                        if !categories.contains(&c) {
+                            categories.push(c);
+                        }
+                    }
+                    if categories.is_empty() {
+                        return Err(at.at(
+                            list,
+                            &name,
+                            "categories",
+                            "must name at least one category (leave it out for any XID)",
+                        ));
+                    }
+                    categories
+                }
+            };
+            Condition::Xid {
+                codes,
+                categories,
+                clear_after,
+            }
         } else {
             not_for(
                 "codes",
                 raw.codes.as_ref().map(|v| v.span().start),
                 "only xid takes codes",
+            )?;
+            not_for(
+                "categories",
+                raw.categories.as_ref().map(|v| v.span().start),
+                "only xid takes categories",
             )?;
             not_for("clear-after", span(&raw.clear_after), "use clear-for")?;
             let mask = match &raw.reasons {
@@ -684,10 +744,56 @@ reasons = ["hw_thermal"]
             set.rules[2].condition,
             Condition::Xid {
                 codes: vec![48, 79],
+                categories: Vec::new(),
                 clear_after: Duration::from_secs(600)
             }
         );
         assert_eq!(set.rules[3].condition, Condition::Throttle { mask: 0x40 });
+    }
+
+    #[test]
+    fn xid_rules_take_catalogue_categories() {
+        let set = parse(
+            "[[rule]]\nname = \"Hw\"\nmetric = \"xid\"\n\
+             categories = [\"hardware\", \"nvlink\", \"hardware\"]\n",
+            "alerts.toml",
+        )
+        .unwrap();
+        assert_eq!(
+            set.rules[0].condition,
+            Condition::Xid {
+                codes: Vec::new(),
+                categories: vec![XidCategory::Hardware, XidCategory::Nvlink],
+                clear_after: DEFAULT_XID_CLEAR_AFTER
+            }
+        );
+        let e = err("[[rule]]\nname = \"Hw\"\nmetric = \"xid\"\ncategories = [\"cosmic_rays\"]\n");
+        assert_eq!(
+            e,
+            "alerts.toml:4:14: rule \"Hw\", field `categories`: unknown XID category \
+             \"cosmic_rays\"; expected some of hardware, nvlink, memory, driver, application, \
+             thermal_power, other (schemas/xid/xids.csv); fix the alert rules file and load it again"
+        );
+        let e = err("[[rule]]\nname = \"Hw\"\nmetric = \"xid\"\ncategories = []\n");
+        assert!(
+            e.contains("field `categories`: must name at least one category"),
+            "{e}"
+        );
+        let e = err(
+            "[[rule]]\nname = \"T\"\nmetric = \"temperature_c\"\nop = \">\"\nthreshold = 1\n\
+             categories = [\"memory\"]\n",
+        );
+        assert!(
+            e.contains("field `categories`: does not apply to metric temperature_c"),
+            "{e}"
+        );
+        // Either list names an XID; both empty is any XID; 999 has no category.
+        let hw = [XidCategory::Hardware];
+        assert!(xid_matches(&[], &hw, 79));
+        assert!(!xid_matches(&[], &hw, 13));
+        assert!(xid_matches(&[13], &hw, 13));
+        assert!(!xid_matches(&[], &hw, 999));
+        assert!(xid_matches(&[], &[], 999));
     }
 
     #[test]
@@ -792,6 +898,7 @@ reasons = ["hw_thermal"]
             set.rules[4].condition,
             Condition::Xid {
                 codes: vec![48, 63, 64, 74, 79, 92, 94, 95],
+                categories: Vec::new(),
                 clear_after: Duration::from_secs(900)
             }
         );

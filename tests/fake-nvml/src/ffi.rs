@@ -586,6 +586,66 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     })
 }
 
+/// The sampling period the encoder and decoder utilization calls report, µs.
+const CODEC_SAMPLING_PERIOD_US: c_uint = 1_000_000;
+
+/// One codec utilization reading and its sampling period; nothing is
+/// written unless both pointers are valid and the metric reads.
+///
+/// # Safety
+/// `utilization` and `sampling_period_us` must be null or valid for a write.
+unsafe fn codec_utilization(
+    device: nvmlDevice_t,
+    metric: fn(&Gpu) -> &Metric,
+    utilization: *mut c_uint,
+    sampling_period_us: *mut c_uint,
+) -> nvmlReturn_t {
+    with_gpu(device, |g, t| {
+        if utilization.is_null() || sampling_period_us.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        match as_c_uint(g.read(metric(g), t)) {
+            Ok(pct) => {
+                // SAFETY: both non-null, and the caller promises they are valid.
+                unsafe {
+                    utilization.write(pct);
+                    sampling_period_us.write(CODEC_SAMPLING_PERIOD_US);
+                }
+                SUCCESS
+            }
+            Err(fault) => fault.code(),
+        }
+    })
+}
+
+/// Video encoder utilization, %, over the last sampling period.
+///
+/// # Safety
+/// Both pointers must be null or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetEncoderUtilization(
+    device: nvmlDevice_t,
+    utilization: *mut c_uint,
+    sampling_period_us: *mut c_uint,
+) -> nvmlReturn_t {
+    // SAFETY: forwarded from the caller.
+    unsafe { codec_utilization(device, |g| &g.enc_util_pct, utilization, sampling_period_us) }
+}
+
+/// Video decoder utilization, %, over the last sampling period.
+///
+/// # Safety
+/// Both pointers must be null or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetDecoderUtilization(
+    device: nvmlDevice_t,
+    utilization: *mut c_uint,
+    sampling_period_us: *mut c_uint,
+) -> nvmlReturn_t {
+    // SAFETY: forwarded from the caller.
+    unsafe { codec_utilization(device, |g| &g.dec_util_pct, utilization, sampling_period_us) }
+}
+
 /// Framebuffer total, reserved, free and used bytes; the caller sets
 /// `version` to [`MEMORY_V2_VERSION`].
 ///

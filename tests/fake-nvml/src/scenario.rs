@@ -263,6 +263,10 @@ pub struct Gpu {
     pub gpu_util_pct: Metric,
     /// Memory (copy) utilization, %.
     pub memory_copy_util_pct: Metric,
+    /// Video encoder utilization, % (`nvmlDeviceGetEncoderUtilization`).
+    pub enc_util_pct: Metric,
+    /// Video decoder utilization, % (`nvmlDeviceGetDecoderUtilization`).
+    pub dec_util_pct: Metric,
     /// Framebuffer used, bytes.
     pub fb_used_bytes: Metric,
     /// Enforced (and management) power limit, mW.
@@ -473,6 +477,8 @@ struct RawGpu {
     video_clock_mhz: Option<Metric>,
     gpu_util_pct: Option<Metric>,
     memory_copy_util_pct: Option<Metric>,
+    enc_util_pct: Option<Metric>,
+    dec_util_pct: Option<Metric>,
     fb_used_bytes: Option<Metric>,
     power_limit_mw: Option<Metric>,
     clock_event_reasons: Option<Metric>,
@@ -701,6 +707,8 @@ fn build(raw: RawScenario) -> Result<Scenario, ScenarioError> {
             video_clock_mhz: metric(g.video_clock_mhz, DEFAULT_VIDEO_CLOCK_MHZ),
             gpu_util_pct: metric(g.gpu_util_pct, 0),
             memory_copy_util_pct: metric(g.memory_copy_util_pct, 0),
+            enc_util_pct: metric(g.enc_util_pct, 0),
+            dec_util_pct: metric(g.dec_util_pct, 0),
             fb_used_bytes: metric(g.fb_used_bytes, 0),
             power_limit_mw: metric(g.power_limit_mw, DEFAULT_POWER_LIMIT_MW),
             clock_event_reasons: metric(g.clock_event_reasons, 0),
@@ -776,6 +784,8 @@ fn build(raw: RawScenario) -> Result<Scenario, ScenarioError> {
         for (key, m) in [
             ("gpu_util_pct", &template.gpu_util_pct),
             ("memory_copy_util_pct", &template.memory_copy_util_pct),
+            ("enc_util_pct", &template.enc_util_pct),
+            ("dec_util_pct", &template.dec_util_pct),
         ] {
             check_max(&at(key), m, 100, "and utilization is a percentage")?;
         }
@@ -1347,6 +1357,11 @@ mod tests {
         assert_eq!(
             e,
             "[[gpu]] entry 2 (gpu_util_pct): 101 is above 100, and utilization is a percentage"
+        );
+        let e = error("[[gpu]]\ndec_util_pct = 250\n");
+        assert_eq!(
+            e,
+            "[[gpu]] entry 1 (dec_util_pct): 250 is above 100, and utilization is a percentage"
         );
         let e = error("[[gpu]]\nfb_total_bytes = 10\nfb_used_bytes = 11\n");
         assert!(

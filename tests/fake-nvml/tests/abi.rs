@@ -22,7 +22,7 @@ use nvml_wrapper::gpm::gpm_metrics_get;
 use nvml_wrapper::struct_wrappers::device::{
     FieldValueSample, MemoryInfo, PciInfo, ProcessInfo, Utilization,
 };
-use nvml_wrapper::structs::device::FieldId;
+use nvml_wrapper::structs::device::{FieldId, UtilizationInfo};
 use nvml_wrapper::{Device, EventSet, Nvml};
 use nvml_wrapper_sys::bindings::field_id::{
     NVML_FI_DEV_ECC_DBE_AGG_TOTAL, NVML_FI_DEV_ECC_DBE_VOL_TOTAL, NVML_FI_DEV_ECC_SBE_AGG_TOTAL,
@@ -76,6 +76,8 @@ memory_clock_mhz = 2619
 video_clock_mhz = 1635
 gpu_util_pct = 97
 memory_copy_util_pct = 41
+enc_util_pct = 12
+dec_util_pct = 34
 power_limit_mw = 650000
 clock_event_reasons = 36            # SW power cap | SW thermal slowdown
 ecc_sbe_volatile = 11
@@ -114,6 +116,7 @@ clock_event_reasons = [1, 4]
 retired_pages_sbe = 2
 retired_pages_dbe = [0, 1]
 retired_pages_pending = 0
+enc_util_pct = "unsupported"
 "#;
 
 /// XID events and a GPU that falls off the bus: GPU 1 reports XID 48, then
@@ -216,6 +219,21 @@ fn constant_scenario_reads_exactly(lib: &Path) {
             memory: 41
         }
     );
+    // Encoder and decoder: the scenario's percent over a 1 s sampling period.
+    assert_eq!(
+        gpu.encoder_utilization().expect("encoder"),
+        UtilizationInfo {
+            utilization: 12,
+            sampling_period: 1_000_000
+        }
+    );
+    assert_eq!(
+        gpu.decoder_utilization().expect("decoder"),
+        UtilizationInfo {
+            utilization: 34,
+            sampling_period: 1_000_000
+        }
+    );
     let MemoryInfo {
         free,
         reserved,
@@ -285,6 +303,11 @@ fn constant_scenario_reads_exactly(lib: &Path) {
     assert_eq!(a100.power_usage().expect("power"), 61_000);
     assert_eq!(twin.power_usage().expect("power"), 250_000);
     assert_eq!(a100.total_energy_consumption().expect("energy"), 123_456);
+    assert!(matches!(
+        a100.encoder_utilization(),
+        Err(NvmlError::NotSupported)
+    ));
+    assert_eq!(a100.decoder_utilization().expect("decoder").utilization, 0);
     let fields = samples(a100.field_values_for(&[FieldId(MEMORY_TEMP)]));
     assert!(matches!(fields[0].value, Err(NvmlError::NotSupported)));
     assert!(matches!(
@@ -372,6 +395,22 @@ fn error_paths_over_the_raw_abi(lib: &Path) {
             raw.nvmlDeviceGetClockInfo(device, 4, &mut clock),
             INVALID_ARGUMENT
         );
+
+        let (mut pct, mut period): (c_uint, c_uint) = (99, 99);
+        assert_eq!(
+            raw.nvmlDeviceGetEncoderUtilization(device, ptr::null_mut(), &mut period),
+            INVALID_ARGUMENT
+        );
+        assert_eq!(
+            raw.nvmlDeviceGetDecoderUtilization(device, &mut pct, ptr::null_mut()),
+            INVALID_ARGUMENT
+        );
+        assert_eq!((pct, period), (99, 99), "nothing written on an error");
+        assert_eq!(
+            raw.nvmlDeviceGetDecoderUtilization(device, &mut pct, &mut period),
+            SUCCESS
+        );
+        assert_eq!((pct, period), (34, 1_000_000));
 
         let mut memory: nvmlMemory_v2_t = std::mem::zeroed();
         assert_eq!(
