@@ -642,7 +642,7 @@ mod tests {
 
     #[test]
     fn a_row_of_each_table_holds_the_documented_metric_values() {
-        assert_eq!(metric_columns(Table::Gpu).len(), 34);
+        assert_eq!(metric_columns(Table::Gpu).len(), 37);
         assert_eq!(metric_columns(Table::Node).len(), 15);
         assert_eq!(metric_columns(Table::Ib).len(), 33);
     }
