@@ -37,6 +37,9 @@ const LABEL_GPU: &str = "gpu";
 const LABEL_UUID: &str = "UUID";
 const LABEL_DEVICE: &str = "device";
 const LABEL_MODEL: &str = "modelName";
+/// dcgm-exporter's labels of a MIG device's series, after `modelName`.
+const LABEL_MIG_PROFILE: &str = "GPU_I_PROFILE";
+const LABEL_MIG_ID: &str = "GPU_I_ID";
 const LABEL_HOSTNAME: &str = "Hostname";
 /// dcgm-exporter's HPC job mapping label, present only when the job is known.
 const LABEL_HPC_JOB: &str = "hpc_job";
@@ -194,11 +197,19 @@ fn hpc_job(sample: &GpuSample) -> Option<&str> {
     sample.job_id.as_deref()
 }
 
-/// dcgm-exporter's labels of one GPU, in its order.
+/// A MIG device row's profile and GPU instance id, for dcgm-exporter's
+/// `GPU_I_PROFILE` and `GPU_I_ID` labels.
+fn mig_labels(sample: &GpuSample) -> Option<(&str, u32)> {
+    let gi = sample.gpu_instance_id?;
+    Some((sample.mig_profile.as_deref().unwrap_or_default(), gi))
+}
+
+/// dcgm-exporter's labels of one GPU (or MIG device), in its order.
 fn gpu_labels(
     gpu: u32,
     uuid: &str,
     model: &str,
+    mig: Option<(&str, u32)>,
     hostname: &str,
     job: Option<&str>,
 ) -> Vec<LabelPair> {
@@ -209,8 +220,12 @@ fn gpu_labels(
         // is not on the wire and equals the index on ordinary systems.
         label(LABEL_DEVICE, format!("nvidia{gpu}")),
         label(LABEL_MODEL, model),
-        label(LABEL_HOSTNAME, hostname),
     ];
+    if let Some((profile, gi)) = mig {
+        labels.push(label(LABEL_MIG_PROFILE, profile));
+        labels.push(label(LABEL_MIG_ID, gi.to_string()));
+    }
+    labels.push(label(LABEL_HOSTNAME, hostname));
     if let Some(job) = job {
         labels.push(label(LABEL_HPC_JOB, job));
     }
@@ -236,7 +251,16 @@ impl Recorded {
         let row_labels: Vec<Vec<LabelPair>> = tick
             .gpu
             .iter()
-            .map(|g| gpu_labels(g.gpu, &g.uuid, &g.model, hostname, hpc_job(g)))
+            .map(|g| {
+                gpu_labels(
+                    g.gpu,
+                    &g.uuid,
+                    &g.model,
+                    mig_labels(g),
+                    hostname,
+                    hpc_job(g),
+                )
+            })
             .collect();
         for m in GPU_METRICS {
             let series = tick
@@ -253,7 +277,7 @@ impl Recorded {
         let job_of = |gpu: u32, uuid: &str| {
             tick.gpu
                 .iter()
-                .find(|g| g.gpu == gpu && g.uuid == uuid)
+                .find(|g| g.gpu == gpu && g.uuid == uuid && g.gpu_instance_id.is_none())
                 .and_then(hpc_job)
         };
         let mut last_xid = Vec::new();
@@ -261,7 +285,14 @@ impl Recorded {
         let mut kinds = Vec::new();
         for ((gpu, uuid), events) in &self.events {
             if let Some(xid) = events.last_xid {
-                let labels = gpu_labels(*gpu, uuid, &events.model, hostname, job_of(*gpu, uuid));
+                let labels = gpu_labels(
+                    *gpu,
+                    uuid,
+                    &events.model,
+                    None,
+                    hostname,
+                    job_of(*gpu, uuid),
+                );
                 last_xid.push(sample(labels, Kind::Gauge, xid as f64));
             }
             let labels = gputel_gpu_labels(*gpu, uuid, hostname);
@@ -499,8 +530,7 @@ mod tests {
             uuid: format!("GPU-0000000{gpu}-fake-4000-8000-00000000000{gpu}"),
             kind: EventKind::Xid as i32,
             code,
-            detail: String::new(),
-            job_id: None,
+            ..GpuEvent::default()
         }
     }
 
@@ -880,5 +910,50 @@ mod tests {
         assert_eq!(ratio(f32::NAN), None);
         assert_eq!(decimal(0.52), Some(0.52));
         assert_eq!(decimal(f32::INFINITY), None);
+    }
+
+    /// A MIG device's series carry dcgm-exporter's GPU_I_PROFILE and
+    /// GPU_I_ID after modelName; the GPU's own row keeps the physical
+    /// series, so power is counted once per GPU.
+    #[test]
+    fn mig_devices_get_the_instance_labels_and_power_stays_on_the_gpu() {
+        let metrics = Metrics::new("gpu-node-017");
+        let gpu = GpuSample {
+            fb_used_bytes: None,
+            fb_free_bytes: None,
+            fb_total_bytes: None,
+            mig_mode: Some(true),
+            ..h100(0)
+        };
+        let instance = GpuSample {
+            ts_us: TS_US,
+            gpu: 0,
+            uuid: gpu.uuid.clone(),
+            model: gpu.model.clone(),
+            gpu_instance_id: Some(9),
+            compute_instance_id: Some(0),
+            mig_profile: Some("1g.10gb".into()),
+            fb_used_bytes: Some(5 * MIB + 7),
+            job_id: Some("4242".into()),
+            ..GpuSample::default()
+        };
+        let batch = Batch {
+            gpu: vec![gpu, instance],
+            ..Batch::default()
+        };
+        metrics.record_at(&batch, TS_US);
+        let text = metrics.render().expect("render");
+        let fb = "DCGM_FI_DEV_FB_USED{gpu=\"0\",UUID=\"GPU-00000000-fake-4000-8000-000000000000\",\
+                  device=\"nvidia0\",modelName=\"NVIDIA H100 80GB HBM3\",GPU_I_PROFILE=\"1g.10gb\",\
+                  GPU_I_ID=\"9\",Hostname=\"gpu-node-017\",hpc_job=\"4242\"} 5\n";
+        assert!(text.contains(fb), "{text}");
+        assert_eq!(text.matches("DCGM_FI_DEV_FB_USED{").count(), 1, "{text}");
+        let power = format!("DCGM_FI_DEV_POWER_USAGE{{{}}} 512.345\n", labels(0));
+        assert!(text.contains(&power), "{text}");
+        assert_eq!(
+            text.matches("DCGM_FI_DEV_POWER_USAGE{").count(),
+            1,
+            "{text}"
+        );
     }
 }
