@@ -11,6 +11,7 @@
 
 mod ffi;
 pub mod metric;
+pub mod nvsmi;
 pub mod scenario;
 
 pub use ffi::{MEMORY_V2_VERSION, SUPPORTED_EVENT_TYPES};

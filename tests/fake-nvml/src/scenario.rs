@@ -214,6 +214,8 @@ pub struct MigDevice {
     pub fb_reserved_bytes: u64,
     /// Used, bytes.
     pub fb_used_bytes: Metric,
+    /// Free, bytes, when the scenario gives it; else total − reserved − used.
+    pub fb_free_bytes: Option<Metric>,
     /// GPM activity of the GPU instance (`nvmlGpmMigSampleGet`), %.
     pub graphics_active_pct: Metric<f64>,
     /// GPM SM active, %.
@@ -311,6 +313,9 @@ pub struct Gpu {
     pub memory_copy_util_pct: Metric,
     /// Framebuffer used, bytes.
     pub fb_used_bytes: Metric,
+    /// Framebuffer free, bytes, when the scenario gives it (a capture's
+    /// own reading); else total − reserved − used.
+    pub fb_free_bytes: Option<Metric>,
     /// Enforced (and management) power limit, mW.
     pub power_limit_mw: Metric,
     /// Clock event (throttle) reasons, a bitmask of `nvmlClocksEventReason*`.
@@ -404,13 +409,17 @@ impl Gpu {
     /// The framebuffer of MIG device `mig` `elapsed_ms` after init.
     pub fn mig_memory(&self, mig: &MigDevice, elapsed_ms: u64) -> Result<MemoryReading, Fault> {
         let used = self.read(&mig.fb_used_bytes, elapsed_ms)?;
-        Ok(MemoryReading {
-            total: mig.fb_total_bytes,
-            reserved: mig.fb_reserved_bytes,
-            free: mig
+        let free = match &mig.fb_free_bytes {
+            Some(free) => self.read(free, elapsed_ms)?,
+            None => mig
                 .fb_total_bytes
                 .saturating_sub(mig.fb_reserved_bytes)
                 .saturating_sub(used),
+        };
+        Ok(MemoryReading {
+            total: mig.fb_total_bytes,
+            reserved: mig.fb_reserved_bytes,
+            free,
             used,
         })
     }
@@ -519,13 +528,17 @@ impl Gpu {
     /// Framebuffer memory `elapsed_ms` after init.
     pub fn memory(&self, elapsed_ms: u64) -> Result<MemoryReading, Fault> {
         let used = self.read(&self.fb_used_bytes, elapsed_ms)?;
-        Ok(MemoryReading {
-            total: self.fb_total_bytes,
-            reserved: self.fb_reserved_bytes,
-            free: self
+        let free = match &self.fb_free_bytes {
+            Some(free) => self.read(free, elapsed_ms)?,
+            None => self
                 .fb_total_bytes
                 .saturating_sub(self.fb_reserved_bytes)
                 .saturating_sub(used),
+        };
+        Ok(MemoryReading {
+            total: self.fb_total_bytes,
+            reserved: self.fb_reserved_bytes,
+            free,
             used,
         })
     }
@@ -584,6 +597,7 @@ struct RawGpu {
     gpu_util_pct: Option<Metric>,
     memory_copy_util_pct: Option<Metric>,
     fb_used_bytes: Option<Metric>,
+    fb_free_bytes: Option<Metric>,
     power_limit_mw: Option<Metric>,
     clock_event_reasons: Option<Metric>,
     ecc_sbe_volatile: Option<Metric>,
@@ -634,6 +648,7 @@ struct RawMig {
     fb_total_bytes: u64,
     fb_reserved_bytes: Option<u64>,
     fb_used_bytes: Option<Metric>,
+    fb_free_bytes: Option<Metric>,
     graphics_active_pct: Option<Metric<f64>>,
     sm_active_pct: Option<Metric<f64>>,
     sm_occupancy_pct: Option<Metric<f64>>,
@@ -841,6 +856,7 @@ fn build(raw: RawScenario) -> Result<Scenario, ScenarioError> {
             gpu_util_pct: metric(g.gpu_util_pct, 0),
             memory_copy_util_pct: metric(g.memory_copy_util_pct, 0),
             fb_used_bytes: metric(g.fb_used_bytes, 0),
+            fb_free_bytes: g.fb_free_bytes,
             power_limit_mw: metric(g.power_limit_mw, DEFAULT_POWER_LIMIT_MW),
             clock_event_reasons: metric(g.clock_event_reasons, 0),
             ecc_sbe_volatile: metric(g.ecc_sbe_volatile, 0),
@@ -1097,6 +1113,7 @@ fn build_mig(
             fb_total_bytes: m.fb_total_bytes,
             fb_reserved_bytes,
             fb_used_bytes: m.fb_used_bytes.unwrap_or(Metric::constant(0)),
+            fb_free_bytes: m.fb_free_bytes,
             graphics_active_pct: percent(m.graphics_active_pct),
             sm_active_pct: percent(m.sm_active_pct),
             sm_occupancy_pct: percent(m.sm_occupancy_pct),
