@@ -18,6 +18,12 @@
 //! samples cannot be split between the jobs, and pretending otherwise would
 //! put one job's usage on another. The `gpu_process` rows still name each
 //! process's job.
+//!
+//! MIG: a MIG device's row carries the jobs of the processes on that device,
+//! or those of the mapping file `<gpu>.<GPU instance id>` (dcgm-exporter's
+//! name for it); the GPU's own row carries every job on any of its MIG
+//! devices (its `<gpu>` file, when there is one, wins), so it has a `job_id`
+//! only when one job holds the whole GPU.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -39,13 +45,17 @@ struct GpuJobs {
     pods: BTreeSet<String>,
 }
 
+/// A `gpu` row's identity on a node: GPU index, and the GPU and compute
+/// instance ids of a MIG device's row (None on a GPU's own row).
+type RowKey = (u32, Option<u32>, Option<u32>);
+
 /// Tracks the jobs on every GPU and stamps them on each tick's rows.
 #[derive(Debug)]
 pub struct JobAttributor {
     procfs_root: PathBuf,
     mapping_dir: Option<PathBuf>,
-    /// From the last process listing, by GPU index.
-    from_processes: HashMap<u32, GpuJobs>,
+    /// From the last process listing, by GPU and MIG device.
+    from_processes: HashMap<RowKey, GpuJobs>,
 }
 
 impl JobAttributor {
@@ -65,7 +75,8 @@ impl JobAttributor {
             self.from_processes.clear();
             for p in &mut batch.gpu_process {
                 let owner = owner_of(&self.procfs_root, p.pid);
-                let jobs = self.from_processes.entry(p.gpu).or_default();
+                let key = (p.gpu, p.gpu_instance_id, p.compute_instance_id);
+                let jobs = self.from_processes.entry(key).or_default();
                 if let Some(job) = &owner.job_id {
                     jobs.jobs.insert(job.clone());
                 }
@@ -77,33 +88,70 @@ impl JobAttributor {
             }
         }
         let mut node_jobs = BTreeSet::new();
-        let mut single_job: HashMap<u32, Option<String>> = HashMap::new();
-        for row in &mut batch.gpu {
+        // The jobs of every row, for the events; MIG devices' rows first,
+        // so that their GPU's row can take the union of theirs.
+        let mut row_jobs: Vec<(RowKey, BTreeSet<String>)> = Vec::new();
+        let mut on_instances: HashMap<u32, GpuJobs> = HashMap::new();
+        for row in batch.gpu.iter_mut().filter(|r| r.gpu_instance_id.is_some()) {
+            let key = (row.gpu, row.gpu_instance_id, row.compute_instance_id);
+            let file = format!("{}.{}", row.gpu, row.gpu_instance_id.unwrap_or_default());
+            let seen = self.from_processes.get(&key).cloned().unwrap_or_default();
             let mapped = self
                 .mapping_dir
                 .as_deref()
-                .and_then(|dir| read_mapping(dir, row.gpu));
-            let seen = self.from_processes.get(&row.gpu);
-            let jobs = match &mapped {
-                Some(jobs) => jobs,
-                None => match seen {
-                    Some(seen) => &seen.jobs,
-                    None => &BTreeSet::new(),
-                },
+                .and_then(|dir| read_mapping(dir, &file));
+            let jobs = mapped.unwrap_or_else(|| seen.jobs.clone());
+            stamp(row, &jobs, &seen.pods);
+            let union = on_instances.entry(row.gpu).or_default();
+            union.jobs.extend(jobs.iter().cloned());
+            union.pods.extend(seen.pods.iter().cloned());
+            row_jobs.push((key, jobs));
+        }
+        for row in batch.gpu.iter_mut().filter(|r| r.gpu_instance_id.is_none()) {
+            let mut seen = GpuJobs::default();
+            for (_, jobs) in self.from_processes.iter().filter(|(k, _)| k.0 == row.gpu) {
+                seen.jobs.extend(jobs.jobs.iter().cloned());
+                seen.pods.extend(jobs.pods.iter().cloned());
+            }
+            let mapped = self
+                .mapping_dir
+                .as_deref()
+                .and_then(|dir| read_mapping(dir, &row.gpu.to_string()));
+            let jobs = match (mapped, on_instances.get(&row.gpu)) {
+                (Some(jobs), _) => jobs,
+                (None, Some(instances)) => instances.jobs.clone(),
+                (None, None) => seen.jobs,
             };
-            row.job_count = jobs.len() as u32;
-            row.job_id = single(jobs);
-            row.pod_uid = seen.and_then(|s| single(&s.pods));
+            stamp(row, &jobs, &seen.pods);
             node_jobs.extend(jobs.iter().cloned());
-            single_job.insert(row.gpu, row.job_id.clone());
+            row_jobs.push(((row.gpu, None, None), jobs));
         }
         for event in &mut batch.event {
-            event.job_id = single_job.get(&event.gpu).cloned().flatten();
+            // An XID NVML attributes to a GPU instance belongs to the jobs of
+            // its compute instances (one, or all when it names none).
+            let mut jobs = BTreeSet::new();
+            for ((gpu, gi, ci), row) in &row_jobs {
+                let on = *gpu == event.gpu
+                    && *gi == event.gpu_instance_id
+                    && (event.compute_instance_id.is_none() || *ci == event.compute_instance_id);
+                if on {
+                    jobs.extend(row.iter().cloned());
+                }
+            }
+            event.job_id = single(&jobs);
         }
         for node in &mut batch.node {
             node.jobs = node_jobs.iter().cloned().collect();
         }
     }
+}
+
+/// Puts a row's jobs and pods on it: the one job (none when idle or
+/// shared), how many, and the one pod.
+fn stamp(row: &mut gputel_proto::GpuSample, jobs: &BTreeSet<String>, pods: &BTreeSet<String>) {
+    row.job_count = jobs.len() as u32;
+    row.job_id = single(jobs);
+    row.pod_uid = single(pods);
 }
 
 fn single(set: &BTreeSet<String>) -> Option<String> {
@@ -113,10 +161,11 @@ fn single(set: &BTreeSet<String>) -> Option<String> {
     }
 }
 
-/// The job ids in `<dir>/<gpu>`, one per line; None when the file is missing
-/// or empty (the GPU is idle as far as the prolog knows).
-fn read_mapping(dir: &Path, gpu: u32) -> Option<BTreeSet<String>> {
-    let path = dir.join(gpu.to_string());
+/// The job ids in `<dir>/<file>` (`<gpu>`, or `<gpu>.<GPU instance id>`
+/// for a MIG device), one per line; None when the file is missing or empty
+/// (the GPU is idle as far as the prolog knows).
+fn read_mapping(dir: &Path, file: &str) -> Option<BTreeSet<String>> {
+    let path = dir.join(file);
     let text = match std::fs::read_to_string(&path) {
         Ok(text) => text,
         Err(e) => {
@@ -364,5 +413,87 @@ mod tests {
             got,
             [(Some("4243"), 1), (Some("5151"), 1), (None, 0), (None, 2)]
         );
+    }
+
+    fn mig_row(gpu: u32, gi: u32) -> GpuSample {
+        GpuSample {
+            gpu,
+            gpu_instance_id: Some(gi),
+            compute_instance_id: Some(0),
+            ..GpuSample::default()
+        }
+    }
+
+    fn mig_process(gpu: u32, gi: u32, pid: u32) -> GpuProcess {
+        GpuProcess {
+            gpu_instance_id: Some(gi),
+            compute_instance_id: Some(0),
+            ..process(gpu, pid)
+        }
+    }
+
+    /// MIG devices' rows get their own processes' jobs, or the mapping file
+    /// `<gpu>.<gi>`; the GPU's row gets every job on it, and an XID NVML
+    /// attributes to an instance gets that instance's job.
+    #[test]
+    fn mig_devices_have_their_own_jobs_and_the_gpu_row_all_of_them() {
+        let mut jobs = JobAttributor::new(fixture_proc(), None);
+        let mut batch = Batch {
+            gpu: vec![gpu(0), mig_row(0, 1), mig_row(0, 2), gpu(1), mig_row(1, 5)],
+            gpu_process: vec![
+                mig_process(0, 1, 4242),
+                mig_process(0, 2, 5151),
+                mig_process(1, 5, 4242),
+            ],
+            event: vec![
+                GpuEvent {
+                    gpu: 0,
+                    gpu_instance_id: Some(2),
+                    compute_instance_id: Some(0),
+                    ..GpuEvent::default()
+                },
+                GpuEvent {
+                    gpu: 0,
+                    ..GpuEvent::default()
+                },
+            ],
+            ..Batch::default()
+        };
+        jobs.apply(&mut batch, true);
+        let got: Vec<_> = batch
+            .gpu
+            .iter()
+            .map(|g| (g.gpu, g.gpu_instance_id, g.job_id.as_deref(), g.job_count))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (0, None, None, 2),
+                (0, Some(1), Some("4242"), 1),
+                (0, Some(2), Some("5151"), 1),
+                (1, None, Some("4242"), 1),
+                (1, Some(5), Some("4242"), 1),
+            ]
+        );
+        assert_eq!(batch.event[0].job_id.as_deref(), Some("5151"));
+        // An XID on the shared GPU itself names no job.
+        assert_eq!(batch.event[1].job_id, None);
+
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("0.1"), "9999\n").unwrap();
+        let mut mapped = JobAttributor::new(fixture_proc(), Some(dir.path().to_owned()));
+        let mut batch = Batch {
+            gpu: vec![gpu(0), mig_row(0, 1), mig_row(0, 2)],
+            gpu_process: vec![mig_process(0, 1, 4242), mig_process(0, 2, 5151)],
+            ..Batch::default()
+        };
+        mapped.apply(&mut batch, true);
+        let got: Vec<_> = batch
+            .gpu
+            .iter()
+            .map(|g| (g.job_id.as_deref(), g.job_count))
+            .collect();
+        assert_eq!(got, [(None, 2), (Some("9999"), 1), (Some("5151"), 1)]);
+        assert_eq!(batch.gpu_process[0].job_id.as_deref(), Some("4242"));
     }
 }

@@ -28,7 +28,17 @@ pub const GPUS_PER_NODE: u32 = 8;
 pub const IB_PORTS_PER_NODE: usize = 4;
 
 /// Columns that say which row this is rather than what was measured.
-pub const KEY_COLUMNS: &[&str] = &["ts", "node", "gpu", "uuid", "model", "device", "port"];
+pub const KEY_COLUMNS: &[&str] = &[
+    "ts",
+    "node",
+    "gpu",
+    "uuid",
+    "model",
+    "device",
+    "port",
+    "gpu_instance_id",
+    "compute_instance_id",
+];
 
 /// True when the binary runs as a benchmark: `cargo bench` passes `--bench`,
 /// `cargo test --benches` does not. Benches shrink their inputs in test mode,
@@ -69,7 +79,7 @@ pub fn fake_nvml_lib() -> Option<PathBuf> {
 ///
 /// A *metric value* is one value in a numeric (integer or floating-point)
 /// column of a stored row that is not a key column ([`KEY_COLUMNS`]: time,
-/// node, GPU index, UUID, model, IB device and port). So a `gpu` row holds 11
+/// node, GPU index, UUID, model, IB device and port, MIG instance ids). So a `gpu` row holds 11
 /// (temperature_c … fb_total_bytes), a `node` row 11 (cpu_count … load15) and
 /// an `ib` row 9 (rate_gbps … rcv_packets_per_s); string columns such as the
 /// port `state` are not metric values. Nulls are not counted.
@@ -642,7 +652,7 @@ mod tests {
 
     #[test]
     fn a_row_of_each_table_holds_the_documented_metric_values() {
-        assert_eq!(metric_columns(Table::Gpu).len(), 37);
+        assert_eq!(metric_columns(Table::Gpu).len(), 43);
         assert_eq!(metric_columns(Table::Node).len(), 15);
         assert_eq!(metric_columns(Table::Ib).len(), 33);
     }

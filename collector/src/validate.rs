@@ -179,6 +179,8 @@ mod tests {
             code: 79,
             detail: "GPU has fallen off the bus".into(),
             job_id: Some("4242".into()),
+            gpu_instance_id: None,
+            compute_instance_id: None,
         });
         full.gpu_process.push(GpuProcess {
             ts_us: NOW,
@@ -189,6 +191,8 @@ mod tests {
             command: "python".into(),
             job_id: Some("4242".into()),
             pod_uid: None,
+            gpu_instance_id: None,
+            compute_instance_id: None,
         });
         assert!(validate_batch(&full, NOW).is_ok());
 

@@ -61,6 +61,7 @@ CREATE OR REPLACE VIEW event AS FROM query(CASE WHEN getvariable('gputel_has_eve
     ELSE 'SELECT NULL::TIMESTAMPTZ AS ts, NULL::VARCHAR AS node, NULL::INTEGER AS gpu,
                  NULL::VARCHAR AS uuid, NULL::VARCHAR AS kind, NULL::BIGINT AS code,
                  NULL::VARCHAR AS detail, NULL::VARCHAR AS job_id,
+                 NULL::INTEGER AS gpu_instance_id, NULL::INTEGER AS compute_instance_id,
                  NULL::DATE AS date, NULL::INTEGER AS hour
           LIMIT 0'
     END);
@@ -82,6 +83,7 @@ CREATE OR REPLACE VIEW gpu_process AS FROM query(CASE WHEN getvariable('gputel_h
     ELSE 'SELECT NULL::TIMESTAMPTZ AS ts, NULL::VARCHAR AS node, NULL::INTEGER AS gpu,
                  NULL::VARCHAR AS uuid, NULL::INTEGER AS pid, NULL::BIGINT AS used_memory_bytes,
                  NULL::VARCHAR AS command, NULL::VARCHAR AS job_id, NULL::VARCHAR AS pod_uid,
+                 NULL::INTEGER AS gpu_instance_id, NULL::INTEGER AS compute_instance_id,
                  NULL::DATE AS date, NULL::INTEGER AS hour
           LIMIT 0'
     END);

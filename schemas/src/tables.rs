@@ -214,6 +214,17 @@ table!(
         job_id: OptLabel = s.job_id.as_deref(),
         pod_uid: OptLabel = s.pod_uid.as_deref(),
         job_count: U32 = s.job_count,
+        gpu_instance_id: OptU32 = s.gpu_instance_id,
+        compute_instance_id: OptU32 = s.compute_instance_id,
+        mig_profile: OptLabel = s.mig_profile.as_deref(),
+        mig_uuid: OptLabel = s.mig_uuid.as_deref(),
+        mig_mode: OptBool = s.mig_mode,
+        pcie_link_gen: OptU32 = s.pcie_link_gen,
+        pcie_link_gen_max: OptU32 = s.pcie_link_gen_max,
+        pcie_link_width: OptU32 = s.pcie_link_width,
+        pcie_link_width_max: OptU32 = s.pcie_link_width_max,
+        fan_speed_pct: OptU32 = s.fan_speed_pct,
+        performance_state: OptU32 = s.performance_state,
     }
 );
 
@@ -303,6 +314,8 @@ table!(
         code: U64 = s.code,
         detail: Text = s.detail.as_str(),
         job_id: OptLabel = s.job_id.as_deref(),
+        gpu_instance_id: OptU32 = s.gpu_instance_id,
+        compute_instance_id: OptU32 = s.compute_instance_id,
     }
 );
 
@@ -318,6 +331,8 @@ table!(
         command: Label = s.command.as_str(),
         job_id: OptLabel = s.job_id.as_deref(),
         pod_uid: OptLabel = s.pod_uid.as_deref(),
+        gpu_instance_id: OptU32 = s.gpu_instance_id,
+        compute_instance_id: OptU32 = s.compute_instance_id,
     }
 );
 

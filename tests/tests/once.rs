@@ -70,14 +70,27 @@ fn the_default_fake_presents_eight_h100s_with_every_field() {
             assert!(!fields[field].is_null(), "GPU {i}: {field} is null");
         }
         // Every other field too, but for retired pages (H100s remap rows
-        // instead) and the job and pod (the built-in GPUs run nothing).
-        assert_eq!(fields.len(), 47, "{gpu}");
+        // instead), the job and pod (the built-in GPUs run nothing), the
+        // MIG device fields (MIG is disabled) and the fan (SXM boards have
+        // none).
+        assert_eq!(fields.len(), 58, "{gpu}");
         for (field, value) in fields {
-            let absent =
-                field.starts_with("retired_pages_") || field == "job_id" || field == "pod_uid";
+            let absent = field.starts_with("retired_pages_")
+                || ["job_id", "pod_uid", "fan_speed_pct"].contains(&field.as_str())
+                || [
+                    "gpu_instance_id",
+                    "compute_instance_id",
+                    "mig_profile",
+                    "mig_uuid",
+                ]
+                .contains(&field.as_str());
             assert_eq!(value.is_null(), absent, "GPU {i}: {field} = {value}");
         }
         assert_eq!(gpu["job_count"], json!(0));
+        assert_eq!(gpu["mig_mode"], json!(false));
+        assert_eq!(gpu["pcie_link_gen"], json!(5));
+        assert_eq!(gpu["pcie_link_width_max"], json!(16));
+        assert_eq!(gpu["performance_state"], json!(0));
         assert_eq!(gpu["gpu"], json!(i));
         assert_eq!(gpu["model"], json!("NVIDIA H100 80GB HBM3"));
         assert_eq!(

@@ -50,6 +50,9 @@ const LABEL_DRIVER_VERSION: &str = "DCGM_FI_DRIVER_VERSION";
 /// The XID of `DCGM_FI_DEV_XID_ERRORS`, and its text from the XID catalogue.
 const LABEL_ERR_CODE: &str = "err_code";
 const LABEL_ERR_MSG: &str = "err_msg";
+/// dcgm-exporter's labels of a MIG device's series, after `modelName`.
+const LABEL_MIG_PROFILE: &str = "GPU_I_PROFILE";
+const LABEL_MIG_ID: &str = "GPU_I_ID";
 /// dcgm-exporter's HPC job mapping label, present only when the job is known.
 const LABEL_HPC_JOB: &str = "hpc_job";
 
@@ -283,11 +286,20 @@ fn hpc_job(sample: &GpuSample) -> Option<&str> {
     sample.job_id.as_deref()
 }
 
-/// dcgm-exporter's labels of one GPU, in its order: the GPU's identity,
-/// the host, the driver version, then `attributes` (already sorted by name)
-/// and `hpc_job` (which sorts after `err_code` and `err_msg`).
+/// A MIG device row's profile and GPU instance id, for dcgm-exporter's
+/// `GPU_I_PROFILE` and `GPU_I_ID` labels.
+fn mig_labels(sample: &GpuSample) -> Option<(&str, u32)> {
+    let gi = sample.gpu_instance_id?;
+    Some((sample.mig_profile.as_deref().unwrap_or_default(), gi))
+}
+
+/// dcgm-exporter's labels of one GPU (or MIG device), in its order: the
+/// GPU's identity, the MIG device's, the host, the driver version, then
+/// `attributes` (already sorted by name) and `hpc_job` (which sorts after
+/// `err_code` and `err_msg`).
 fn gpu_labels(
     identity: &GpuIdentity,
+    mig: Option<(&str, u32)>,
     host: &HostLabels,
     attributes: &[(&str, String)],
     job: Option<&str>,
@@ -300,8 +312,12 @@ fn gpu_labels(
         // is not on the wire and equals the index on ordinary systems.
         label(LABEL_DEVICE, format!("nvidia{}", identity.gpu)),
         label(LABEL_MODEL, identity.model.as_str()),
-        label(host.label.name(), host.hostname.as_str()),
     ];
+    if let Some((profile, gi)) = mig {
+        labels.push(label(LABEL_MIG_PROFILE, profile));
+        labels.push(label(LABEL_MIG_ID, gi.to_string()));
+    }
+    labels.push(label(host.label.name(), host.hostname.as_str()));
     if let Some(version) = &host.driver_version {
         labels.push(label(LABEL_DRIVER_VERSION, version.as_str()));
     }
@@ -345,7 +361,7 @@ impl Recorded {
         let row_labels: Vec<Vec<LabelPair>> = tick
             .gpu
             .iter()
-            .map(|g| gpu_labels(&identity_of(g), host, &[], hpc_job(g)))
+            .map(|g| gpu_labels(&identity_of(g), mig_labels(g), host, &[], hpc_job(g)))
             .collect();
         for m in GPU_METRICS {
             let series = tick
@@ -362,7 +378,7 @@ impl Recorded {
         let job_of = |gpu: u32, uuid: &str| {
             tick.gpu
                 .iter()
-                .find(|g| g.gpu == gpu && g.uuid == uuid)
+                .find(|g| g.gpu == gpu && g.uuid == uuid && g.gpu_instance_id.is_none())
                 .and_then(hpc_job)
         };
         let mut last_xid = Vec::new();
@@ -386,7 +402,7 @@ impl Recorded {
                     (LABEL_ERR_CODE, xid.to_string()),
                     (LABEL_ERR_MSG, gputel_schemas::xid::err_msg(xid).to_owned()),
                 ];
-                let labels = gpu_labels(&identity, host, &attributes, job_of(*gpu, uuid));
+                let labels = gpu_labels(&identity, None, host, &attributes, job_of(*gpu, uuid));
                 last_xid.push(sample(labels, Kind::Gauge, xid as f64));
             }
             let labels = gputel_gpu_labels(&identity, host);
@@ -656,8 +672,7 @@ mod tests {
             uuid: format!("GPU-0000000{gpu}-fake-4000-8000-00000000000{gpu}"),
             kind: EventKind::Xid as i32,
             code,
-            detail: String::new(),
-            job_id: None,
+            ..GpuEvent::default()
         }
     }
 
@@ -1196,5 +1211,52 @@ mod tests {
         assert_eq!(ratio(f32::NAN), None);
         assert_eq!(decimal(0.52), Some(0.52));
         assert_eq!(decimal(f32::INFINITY), None);
+    }
+
+    /// A MIG device's series carry dcgm-exporter's GPU_I_PROFILE and
+    /// GPU_I_ID after modelName; the GPU's own row keeps the physical
+    /// series, so power is counted once per GPU.
+    #[test]
+    fn mig_devices_get_the_instance_labels_and_power_stays_on_the_gpu() {
+        let metrics = node_017();
+        let gpu = GpuSample {
+            fb_used_bytes: None,
+            fb_free_bytes: None,
+            fb_total_bytes: None,
+            mig_mode: Some(true),
+            ..h100(0)
+        };
+        let instance = GpuSample {
+            ts_us: TS_US,
+            gpu: 0,
+            uuid: gpu.uuid.clone(),
+            model: gpu.model.clone(),
+            pci_bus_id: gpu.pci_bus_id.clone(),
+            gpu_instance_id: Some(9),
+            compute_instance_id: Some(0),
+            mig_profile: Some("1g.10gb".into()),
+            fb_used_bytes: Some(5 * MIB + 7),
+            job_id: Some("4242".into()),
+            ..GpuSample::default()
+        };
+        let batch = Batch {
+            gpu: vec![gpu, instance],
+            ..Batch::default()
+        };
+        metrics.record_at(&batch, TS_US);
+        let text = metrics.render().expect("render");
+        let fb = "DCGM_FI_DEV_FB_USED{gpu=\"0\",UUID=\"GPU-00000000-fake-4000-8000-000000000000\",\
+                  pci_bus_id=\"00000000:10:00.0\",device=\"nvidia0\",\
+                  modelName=\"NVIDIA H100 80GB HBM3\",GPU_I_PROFILE=\"1g.10gb\",GPU_I_ID=\"9\",\
+                  hostname=\"gpu-node-017\",DCGM_FI_DRIVER_VERSION=\"550.54.15\",hpc_job=\"4242\"} 5\n";
+        assert!(text.contains(fb), "{text}");
+        assert_eq!(text.matches("DCGM_FI_DEV_FB_USED{").count(), 1, "{text}");
+        let power = format!("DCGM_FI_DEV_POWER_USAGE{{{}}} 512.345\n", labels(0));
+        assert!(text.contains(&power), "{text}");
+        assert_eq!(
+            text.matches("DCGM_FI_DEV_POWER_USAGE{").count(),
+            1,
+            "{text}"
+        );
     }
 }

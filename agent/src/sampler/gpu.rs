@@ -11,6 +11,12 @@
 //! ticks. XID errors arrive on their own thread through NVML's event API.
 //! Compute processes are listed at a slower cadence: those calls are slow and
 //! hold a driver lock.
+//!
+//! A MIG-enabled GPU gives one row of its own, with what is physical
+//! (temperatures, power, energy, clocks, ECC, PCIe, NVLink), and one row per
+//! MIG device (framebuffer, GPM, processes, job), found when NVML is loaded.
+//! Every additive reading is on exactly one of these rows, so sums over rows
+//! (node power, framebuffer used) stay right.
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -21,7 +27,7 @@ use std::thread::JoinHandle;
 use gputel_proto::{EventKind, GpuEvent, GpuProcess, GpuSample};
 use nvml_wrapper::EventSet;
 use nvml_wrapper::bitmasks::event::EventTypes;
-use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
+use nvml_wrapper::enum_wrappers::device::{Clock, PerformanceState, TemperatureSensor};
 use nvml_wrapper::enums::device::{SampleValue, UsedGpuMemory};
 use nvml_wrapper::enums::gpm::GpmMetricId;
 use nvml_wrapper::error::{NvmlError, nvml_sym, nvml_try};
@@ -154,6 +160,18 @@ struct Counters {
     nvlink_rx_kib: Option<u64>,
 }
 
+/// One MIG device (a compute instance of a GPU instance) of a MIG-enabled GPU.
+struct MigInstance {
+    device: Device<'static>,
+    gpu_instance_id: u32,
+    compute_instance_id: u32,
+    /// From the MIG device's name, e.g. "1g.10gb".
+    profile: Option<String>,
+    uuid: String,
+    /// As [`GpuState::gpm`], for the GPU instance (`nvmlGpmMigSampleGet`).
+    gpm: Option<Option<GpmSample<'static>>>,
+}
+
 /// One GPU and what is remembered of it between ticks.
 struct GpuState {
     index: u32,
@@ -162,6 +180,8 @@ struct GpuState {
     /// NVML's `busId`, e.g. "00000000:18:00.0"; None when NVML cannot say.
     pci_bus_id: Option<String>,
     device: Device<'static>,
+    /// The MIG devices, when MIG was enabled as NVML was loaded.
+    instances: Vec<MigInstance>,
     /// None when the GPU has no GPM; else the previous tick's GPM sample.
     gpm: Option<Option<GpmSample<'static>>>,
     prev: Option<Counters>,
@@ -175,6 +195,7 @@ impl std::fmt::Debug for GpuState {
             .field("index", &self.index)
             .field("uuid", &self.uuid)
             .field("gpm", &self.gpm.is_some())
+            .field("mig_devices", &self.instances.len())
             .field("lost", &self.lost)
             .finish()
     }
@@ -186,6 +207,25 @@ struct Xid {
     gpu: u32,
     xid: u64,
     ts_us: i64,
+    /// The MIG instance NVML attributes it to, if any.
+    gpu_instance_id: Option<u32>,
+    compute_instance_id: Option<u32>,
+}
+
+impl Xid {
+    /// Whether the XID belongs on the row of MIG device (gi, ci) of its GPU
+    /// (None: the GPU's own row). An XID NVML attributes to a GPU instance
+    /// only counts on each of its compute instances.
+    fn on(&self, gpu: u32, instance: Option<(u32, u32)>) -> bool {
+        self.gpu == gpu
+            && match (instance, self.gpu_instance_id) {
+                (None, gi) => gi.is_none(),
+                (Some(_), None) => false,
+                (Some((gi, ci)), Some(x_gi)) => {
+                    gi == x_gi && self.compute_instance_id.is_none_or(|x_ci| x_ci == ci)
+                }
+            }
+    }
 }
 
 /// Samples every GPU NVML reports.
@@ -248,12 +288,14 @@ impl GpuSampler {
                     None
                 }
             };
+            let instances = mig_instances(nvml, &device, index, gpm.is_some());
             gpus.push(GpuState {
                 index,
                 uuid: device.uuid().unwrap_or_default(),
                 model: device.name().unwrap_or_default(),
                 pci_bus_id: device.pci_info().ok().map(|p| p.bus_id),
                 device,
+                instances,
                 gpm,
                 prev: None,
                 prev_reasons: None,
@@ -310,6 +352,8 @@ impl Sampler for GpuSampler {
                     uuid: gpu.uuid.clone(),
                     kind: EventKind::Xid.into(),
                     code: x.xid,
+                    gpu_instance_id: x.gpu_instance_id,
+                    compute_instance_id: x.compute_instance_id,
                     ..GpuEvent::default()
                 });
             }
@@ -325,7 +369,7 @@ impl Sampler for GpuSampler {
                 errors: &mut tick.errors,
                 lost: None,
             };
-            let xid_count = xids.iter().filter(|x| x.gpu == gpu.index).count() as u32;
+            let xid_count = xids.iter().filter(|x| x.on(gpu.index, None)).count() as u32;
             let sample = sample_device(gpu, ts_us, xid_count, &mut read, &mut batch.event);
             if let Some(detail) = read.lost.take() {
                 if !gpu.lost {
@@ -337,7 +381,7 @@ impl Sampler for GpuSampler {
                         kind: EventKind::GpuLost.into(),
                         code: 0,
                         detail,
-                        job_id: None,
+                        ..GpuEvent::default()
                     });
                 }
                 gpu.lost = true;
@@ -348,6 +392,7 @@ impl Sampler for GpuSampler {
                 gpu.lost = false;
             }
             batch.gpu.push(sample);
+            sample_instances(gpu, ts_us, &xids, &mut read, &mut batch.gpu);
             if list_processes {
                 list_compute_processes(
                     gpu,
@@ -470,7 +515,12 @@ fn sample_device(
     let utilization = read.get("utilization", device.utilization_rates());
     let encoder = read.get("encoder_utilization", device.encoder_utilization());
     let decoder = read.get("decoder_utilization", device.decoder_utilization());
-    let memory = read.get("memory_info", device.memory_info());
+    // A MIG-enabled GPU's framebuffer is on its MIG devices' rows.
+    let memory = if gpu.instances.is_empty() {
+        read.get("memory_info", device.memory_info())
+    } else {
+        None
+    };
     let power_mw = read.get("power", device.power_usage());
     let energy_mj = read.get("energy", device.total_energy_consumption());
     let reasons = read
@@ -536,6 +586,17 @@ fn sample_device(
         nvlink_tx_bytes_per_s: rate(|c| c.nvlink_tx_kib, 1024),
         nvlink_rx_bytes_per_s: rate(|c| c.nvlink_rx_kib, 1024),
         xid_count,
+        mig_mode: read
+            .get("mig_mode", device.mig_mode())
+            .map(|m| m.current == nvml_wrapper_sys::bindings::NVML_DEVICE_MIG_ENABLE),
+        pcie_link_gen: read.get("pcie_link_gen", device.current_pcie_link_gen()),
+        pcie_link_gen_max: read.get("pcie_link_gen_max", device.max_pcie_link_gen()),
+        pcie_link_width: read.get("pcie_link_width", device.current_pcie_link_width()),
+        pcie_link_width_max: read.get("pcie_link_width_max", device.max_pcie_link_width()),
+        fan_speed_pct: read.get("fan_speed", device.fan_speed(0)),
+        performance_state: read
+            .get("performance_state", device.performance_state())
+            .and_then(pstate_number),
         ..GpuSample::default()
     };
     // The start of a throttling episode is an event: a reason bit that was
@@ -560,6 +621,186 @@ fn sample_device(
     }
     gpu.prev_reasons = reasons;
     sample
+}
+
+/// P0–P15 as 0–15; None for "unknown".
+fn pstate_number(state: PerformanceState) -> Option<u32> {
+    use PerformanceState as P;
+    let n = match state {
+        P::Zero => 0,
+        P::One => 1,
+        P::Two => 2,
+        P::Three => 3,
+        P::Four => 4,
+        P::Five => 5,
+        P::Six => 6,
+        P::Seven => 7,
+        P::Eight => 8,
+        P::Nine => 9,
+        P::Ten => 10,
+        P::Eleven => 11,
+        P::Twelve => 12,
+        P::Thirteen => 13,
+        P::Fourteen => 14,
+        P::Fifteen => 15,
+        P::Unknown => return None,
+    };
+    Some(n)
+}
+
+/// The MIG devices of a GPU whose MIG mode is enabled now; none otherwise.
+/// A device NVML cannot describe (its instance ids) is left out, said once.
+fn mig_instances(
+    nvml: &'static Nvml,
+    device: &Device<'static>,
+    index: u32,
+    gpm: bool,
+) -> Vec<MigInstance> {
+    let enabled = device
+        .mig_mode()
+        .is_ok_and(|m| m.current == nvml_wrapper_sys::bindings::NVML_DEVICE_MIG_ENABLE);
+    if !enabled {
+        return Vec::new();
+    }
+    let slots = device.mig_device_count().unwrap_or(0);
+    let mut out = Vec::new();
+    for slot in 0..slots {
+        let mig = match device.mig_device_by_index(slot) {
+            Ok(mig) => mig,
+            // Empty slots answer "not found".
+            Err(NvmlError::NotFound) => continue,
+            Err(e) => {
+                warn!(gpu = index, slot, error = %e, "MIG device skipped: NVML cannot open it");
+                continue;
+            }
+        };
+        let ids = instance_id(nvml, &mig, InstanceKind::Gpu)
+            .and_then(|gi| Ok((gi, instance_id(nvml, &mig, InstanceKind::Compute)?)));
+        let (gpu_instance_id, compute_instance_id) = match ids {
+            Ok(ids) => ids,
+            Err(e) => {
+                warn!(gpu = index, slot, error = %e, "MIG device skipped: NVML does not give its instance ids");
+                continue;
+            }
+        };
+        let name = mig.name().unwrap_or_default();
+        out.push(MigInstance {
+            profile: mig_profile(&name),
+            uuid: mig.uuid().unwrap_or_default(),
+            device: mig,
+            gpu_instance_id,
+            compute_instance_id,
+            gpm: gpm.then_some(None),
+        });
+    }
+    info!(
+        gpu = index,
+        devices = ?out.iter().map(|m| (m.gpu_instance_id, m.compute_instance_id)).collect::<Vec<_>>(),
+        "MIG enabled: one row per MIG device (GPU instance, compute instance) besides the GPU's own"
+    );
+    out
+}
+
+/// The profile in a MIG device's name: "1g.10gb" of
+/// "NVIDIA H100 80GB HBM3 MIG 1g.10gb".
+fn mig_profile(name: &str) -> Option<String> {
+    name.rsplit_once(" MIG ")
+        .map(|(_, profile)| profile.trim().to_owned())
+        .filter(|p| !p.is_empty())
+}
+
+#[derive(Debug, Clone, Copy)]
+enum InstanceKind {
+    Gpu,
+    Compute,
+}
+
+/// `nvmlDeviceGetGpuInstanceId` or `nvmlDeviceGetComputeInstanceId` of a MIG
+/// device: nvml-wrapper does not wrap them, so through its raw symbols.
+fn instance_id(
+    nvml: &'static Nvml,
+    mig: &Device<'static>,
+    kind: InstanceKind,
+) -> Result<u32, NvmlError> {
+    let lib = nvml.lib();
+    let get = match kind {
+        InstanceKind::Gpu => nvml_sym(lib.nvmlDeviceGetGpuInstanceId.as_ref())?,
+        InstanceKind::Compute => nvml_sym(lib.nvmlDeviceGetComputeInstanceId.as_ref())?,
+    };
+    let mut id: std::ffi::c_uint = 0;
+    // SAFETY: the handle is a live MIG device handle of this library, and
+    // `id` is a plain integer NVML writes.
+    unsafe { nvml_try(get(mig.handle(), &mut id))? };
+    Ok(id)
+}
+
+/// One row per MIG device of `gpu`: its framebuffer, its GPU instance's GPM
+/// activity and its XIDs; the physical readings stay on the GPU's row.
+fn sample_instances(
+    gpu: &mut GpuState,
+    ts_us: i64,
+    xids: &[Xid],
+    read: &mut Reader<'_>,
+    rows: &mut Vec<GpuSample>,
+) {
+    let parent = &gpu.device;
+    for mig in &mut gpu.instances {
+        let memory = read.get("mig_memory_info", mig.device.memory_info());
+        let gpm = sample_mig_gpm(parent, mig, read);
+        let instance = Some((mig.gpu_instance_id, mig.compute_instance_id));
+        rows.push(GpuSample {
+            ts_us,
+            gpu: gpu.index,
+            uuid: gpu.uuid.clone(),
+            model: gpu.model.clone(),
+            // The physical GPU's bus, as dcgm-exporter labels MIG series.
+            pci_bus_id: gpu.pci_bus_id.clone(),
+            fb_used_bytes: memory.as_ref().map(|m| m.used),
+            fb_free_bytes: memory.as_ref().map(|m| m.free),
+            fb_total_bytes: memory.as_ref().map(|m| m.total),
+            fb_reserved_bytes: memory.as_ref().map(|m| m.reserved),
+            sm_active_pct: gpm[0],
+            sm_occupancy_pct: gpm[1],
+            tensor_active_pct: gpm[2],
+            dram_active_pct: gpm[3],
+            gr_engine_active_pct: gpm[4],
+            xid_count: xids.iter().filter(|x| x.on(gpu.index, instance)).count() as u32,
+            gpu_instance_id: Some(mig.gpu_instance_id),
+            compute_instance_id: Some(mig.compute_instance_id),
+            mig_profile: mig.profile.clone(),
+            mig_uuid: Some(mig.uuid.clone()),
+            ..GpuSample::default()
+        });
+    }
+}
+
+/// GPM activity of a MIG device's GPU instance between the previous tick
+/// and this one, in GpuSample order.
+fn sample_mig_gpm(
+    parent: &Device<'static>,
+    mig: &mut MigInstance,
+    read: &mut Reader<'_>,
+) -> [Option<f32>; GPM_METRICS.len()] {
+    let mut out = [None; GPM_METRICS.len()];
+    let Some(prev) = mig.gpm.as_mut() else {
+        return out;
+    };
+    let Some(now) = read.get("gpm_mig_sample", parent.gpm_mig_sample(mig.gpu_instance_id)) else {
+        *prev = None;
+        return out;
+    };
+    if let Some(before) = prev.take()
+        && let Some(results) = read.get(
+            "gpm_metrics",
+            gpm_metrics_get(parent.nvml(), &before, &now, &GPM_METRICS),
+        )
+    {
+        for (slot, result) in out.iter_mut().zip(results) {
+            *slot = read.get("gpm_metric", result).map(|r| r.value as f32);
+        }
+    }
+    *prev = Some(now);
+    out
 }
 
 /// Increase per second of a counter between two ticks, times `unit`; None on
@@ -609,6 +850,9 @@ fn sample_gpm(
     out
 }
 
+/// The compute processes of a GPU, or of each of its MIG devices (each MIG
+/// device's own listing works without the privileges the GPU-wide one needs
+/// in MIG mode), with the instance each runs on.
 fn list_compute_processes(
     gpu: &GpuState,
     ts_us: i64,
@@ -616,9 +860,28 @@ fn list_compute_processes(
     read: &mut Reader<'_>,
     out: &mut Vec<GpuProcess>,
 ) {
-    let Some(processes) = read.get("processes", gpu.device.running_compute_processes()) else {
+    if gpu.instances.is_empty() {
+        if let Some(processes) = read.get("processes", gpu.device.running_compute_processes()) {
+            push_processes(gpu, None, processes, ts_us, procfs_root, out);
+        }
         return;
-    };
+    }
+    for mig in &gpu.instances {
+        if let Some(processes) = read.get("processes", mig.device.running_compute_processes()) {
+            let instance = Some((mig.gpu_instance_id, mig.compute_instance_id));
+            push_processes(gpu, instance, processes, ts_us, procfs_root, out);
+        }
+    }
+}
+
+fn push_processes(
+    gpu: &GpuState,
+    instance: Option<(u32, u32)>,
+    processes: Vec<nvml_wrapper::struct_wrappers::device::ProcessInfo>,
+    ts_us: i64,
+    procfs_root: &Path,
+    out: &mut Vec<GpuProcess>,
+) {
     for p in processes {
         // The process may have ended since NVML listed it: an empty name.
         let command = std::fs::read_to_string(procfs_root.join(p.pid.to_string()).join("comm"))
@@ -634,6 +897,8 @@ fn list_compute_processes(
                 UsedGpuMemory::Unavailable => None,
             },
             command,
+            gpu_instance_id: instance.map(|(gi, _)| gi).or(p.gpu_instance_id),
+            compute_instance_id: instance.map(|(_, ci)| ci).or(p.compute_instance_id),
             ..GpuProcess::default()
         });
     }
@@ -744,7 +1009,11 @@ impl XidWatcher {
                             else {
                                 continue;
                             };
-                            warn!(gpu, xid, "XID error");
+                            // 0xFFFFFFFF: not attributed to a MIG instance.
+                            let instance = |id: u32| (id != NO_INSTANCE).then_some(id);
+                            let gpu_instance_id = instance(event.gpuInstanceId);
+                            let compute_instance_id = instance(event.computeInstanceId);
+                            warn!(gpu, xid, gpu_instance_id, compute_instance_id, "XID error");
                             queue
                                 .lock()
                                 .unwrap_or_else(|e| e.into_inner())
@@ -752,6 +1021,8 @@ impl XidWatcher {
                                     gpu,
                                     xid,
                                     ts_us: now_us(),
+                                    gpu_instance_id,
+                                    compute_instance_id,
                                 });
                         }
                         Err(NvmlError::Timeout) => {}
@@ -774,6 +1045,9 @@ impl XidWatcher {
         let _ = self.thread.join();
     }
 }
+
+/// The instance id of an event NVML attributes to no MIG instance.
+const NO_INSTANCE: u32 = 0xFFFF_FFFF;
 
 /// `nvmlEventTypeXidCriticalError`.
 const XID_EVENT_TYPE: u64 = EventTypes::CRITICAL_XID_ERROR.bits();

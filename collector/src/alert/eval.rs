@@ -267,7 +267,13 @@ impl Evaluator {
     /// Feeds one batch's readings; returns what changed, in sample order per alert.
     pub fn observe(&mut self, input: &AlertInput) -> Vec<Transition> {
         let mut out = Vec::new();
-        let mut gpus: Vec<&GpuSample> = input.gpus.iter().collect();
+        // Rules are about physical GPUs: a MIG device's row has no
+        // temperature or power of its own (its GPU's row has them).
+        let mut gpus: Vec<&GpuSample> = input
+            .gpus
+            .iter()
+            .filter(|g| g.gpu_instance_id.is_none())
+            .collect();
         gpus.sort_by_key(|g| (g.ts_us, g.gpu));
         for g in &gpus {
             self.gpus.insert(

@@ -37,9 +37,9 @@ use nvml_wrapper_sys::bindings::{
     nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_OCCUPANCY as GPM_SM_OCCUPANCY,
     nvmlGpmMetricId_t_NVML_GPM_METRIC_SM_UTIL as GPM_SM_UTIL, nvmlGpmMetricsGet_t,
     nvmlGpmSample_st, nvmlGpmSample_t, nvmlGpmSupport_t, nvmlMemory_v2_t, nvmlPciInfo_t,
-    nvmlProcessInfo_t, nvmlReturn_t, nvmlTemperatureSensors_enum_NVML_TEMPERATURE_GPU,
-    nvmlTemperatureSensors_t, nvmlUtilization_t, nvmlValue_t,
-    nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT,
+    nvmlProcessInfo_t, nvmlPstates_t, nvmlReturn_t,
+    nvmlTemperatureSensors_enum_NVML_TEMPERATURE_GPU, nvmlTemperatureSensors_t, nvmlUtilization_t,
+    nvmlValue_t, nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT,
     nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, nvmlValueType_t,
 };
 use nvml_wrapper_sys::bindings::{
@@ -68,7 +68,7 @@ use nvml_wrapper_sys::bindings::{
 };
 
 use crate::metric::{Fault, Metric};
-use crate::scenario::{Gpu, SCENARIO_ENV, Scenario, XidEvent};
+use crate::scenario::{Gpu, MAX_MIG_DEVICES, MigDevice, SCENARIO_ENV, Scenario, XidEvent};
 
 /// What `nvmlMemory_v2_t.version` must hold: NVML_STRUCT_VERSION(Memory, 2).
 pub const MEMORY_V2_VERSION: c_uint = (size_of::<nvmlMemory_v2_t>() | (2 << 24)) as c_uint;
@@ -87,10 +87,23 @@ const XID_EVENT: u64 = nvmlEventTypeXidCriticalError as u64;
 /// `gpuInstanceId` / `computeInstanceId` of a GPU without MIG.
 const NO_INSTANCE: c_uint = 0xFFFF_FFFF;
 
+/// MIG device handles are `MIG_HANDLE_BASE + GPU index × MIG_SLOTS + slot`,
+/// far above the GPU handles (index + 1), so the two never meet.
+const MIG_HANDLE_BASE: usize = 1 << 24;
+const MIG_SLOTS: usize = 256;
+
+/// The opaque handle of MIG device `slot` of GPU `gpu`.
+fn mig_handle(gpu: usize, slot: usize) -> nvmlDevice_t {
+    ptr::without_provenance_mut::<nvmlDevice_st>(MIG_HANDLE_BASE + gpu * MIG_SLOTS + slot)
+}
+
 /// When and on which GPU `nvmlGpmSampleGet` filled a sample.
 #[derive(Debug, Clone, Copy)]
 struct GpmTaken {
     gpu: usize,
+    /// The GPU instance, for a sample of one (`nvmlGpmMigSampleGet`, or
+    /// `nvmlGpmSampleGet` on a MIG handle).
+    gpu_instance_id: Option<u32>,
     elapsed_ms: u64,
     /// Order of `nvmlGpmSampleGet` calls: a later sample has a larger number.
     seq: u64,
@@ -148,15 +161,38 @@ impl Session {
     }
 
     /// The index of a handle's GPU and the time since init, or the error
-    /// every device call returns for an unknown handle or a lost GPU.
+    /// every device call returns for an unknown handle or a lost GPU. A MIG
+    /// device's handle gets NVML_ERROR_NOT_SUPPORTED: these calls are about
+    /// the physical GPU.
     fn live_gpu(&self, device: nvmlDevice_t) -> Result<(usize, u64), nvmlReturn_t> {
-        let t = self.elapsed_ms();
-        let index = self.gpu_index(device).ok_or(INVALID_ARGUMENT)?;
-        match self.scenario.gpus.get(index) {
-            Some(gpu) if gpu.is_lost(t) => Err(GPU_IS_LOST),
-            Some(_) => Ok((index, t)),
-            None => Err(INVALID_ARGUMENT),
+        match self.live_device(device)? {
+            (index, None, t) => Ok((index, t)),
+            (_, Some(_), _) => Err(NOT_SUPPORTED),
         }
+    }
+
+    /// The GPU behind a GPU or MIG device handle, the MIG device's slot (for
+    /// a MIG handle), and the time since init; a MIG handle is valid while
+    /// its GPU has MIG enabled.
+    fn live_device(
+        &self,
+        device: nvmlDevice_t,
+    ) -> Result<(usize, Option<usize>, u64), nvmlReturn_t> {
+        let t = self.elapsed_ms();
+        let (index, slot) = match device.addr().checked_sub(MIG_HANDLE_BASE) {
+            Some(mig) => (mig / MIG_SLOTS, Some(mig % MIG_SLOTS)),
+            None => (self.gpu_index(device).ok_or(INVALID_ARGUMENT)?, None),
+        };
+        let gpu = self.scenario.gpus.get(index).ok_or(INVALID_ARGUMENT)?;
+        if gpu.is_lost(t) {
+            return Err(GPU_IS_LOST);
+        }
+        if let Some(slot) = slot
+            && gpu.mig_device(slot, t).is_none()
+        {
+            return Err(INVALID_ARGUMENT);
+        }
+        Ok((index, slot, t))
     }
 
     /// The next XID event the set will receive, with its GPU index: the
@@ -225,6 +261,23 @@ fn with_gpu(device: nvmlDevice_t, f: impl FnOnce(&Gpu, u64) -> nvmlReturn_t) -> 
     with_session(|session| match session.live_gpu(device) {
         Ok((index, t)) => match session.scenario.gpus.get(index) {
             Some(gpu) => f(gpu, t),
+            None => INVALID_ARGUMENT,
+        },
+        Err(code) => code,
+    })
+}
+
+/// Runs `f` with the GPU behind a GPU or MIG device handle, the MIG device
+/// (None for a GPU handle) and the time since init; a lost GPU returns
+/// NVML_ERROR_GPU_IS_LOST without calling `f`.
+fn with_device(
+    device: nvmlDevice_t,
+    f: impl FnOnce(&Gpu, Option<&MigDevice>, u64) -> nvmlReturn_t,
+) -> nvmlReturn_t {
+    hang_if_due();
+    with_session(|session| match session.live_device(device) {
+        Ok((index, slot, t)) => match session.scenario.gpus.get(index) {
+            Some(gpu) => f(gpu, slot.and_then(|s| gpu.mig.get(s)), t),
             None => INVALID_ARGUMENT,
         },
         Err(code) => code,
@@ -480,7 +533,9 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     length: c_uint,
 ) -> nvmlReturn_t {
     // SAFETY: forwarded from the caller.
-    with_gpu(device, |g, _| unsafe { put_str(uuid, length, &g.uuid) })
+    with_device(device, |g, mig, _| unsafe {
+        put_str(uuid, length, mig.map_or(&g.uuid, |m| &m.uuid))
+    })
 }
 
 /// The GPU's product name.
@@ -494,7 +549,9 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
     length: c_uint,
 ) -> nvmlReturn_t {
     // SAFETY: forwarded from the caller.
-    with_gpu(device, |g, _| unsafe { put_str(name, length, &g.name) })
+    with_device(device, |g, mig, _| unsafe {
+        put_str(name, length, mig.map_or(&g.name, |m| &m.name))
+    })
 }
 
 /// GPU core temperature in °C; only sensor NVML_TEMPERATURE_GPU exists.
@@ -568,6 +625,7 @@ pub unsafe extern "C" fn nvmlDeviceGetClockInfo(
 }
 
 /// GPU and memory utilization in %; an error in either fails the call.
+/// NVML_ERROR_NOT_SUPPORTED while MIG is enabled, as NVML answers.
 ///
 /// # Safety
 /// `utilization` must be null or valid for a write.
@@ -577,6 +635,9 @@ pub unsafe extern "C" fn nvmlDeviceGetUtilizationRates(
     utilization: *mut nvmlUtilization_t,
 ) -> nvmlReturn_t {
     with_gpu(device, |g, t| {
+        if g.mig_enabled(t) {
+            return NOT_SUPPORTED;
+        }
         let value = as_c_uint(g.read(&g.gpu_util_pct, t)).and_then(|gpu| {
             as_c_uint(g.read(&g.memory_copy_util_pct, t))
                 .map(|memory| nvmlUtilization_t { gpu, memory })
@@ -656,7 +717,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     device: nvmlDevice_t,
     memory: *mut nvmlMemory_v2_t,
 ) -> nvmlReturn_t {
-    with_gpu(device, |g, t| {
+    with_device(device, |g, mig, t| {
         if memory.is_null() {
             return INVALID_ARGUMENT;
         }
@@ -664,7 +725,11 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
         if unsafe { (*memory).version } != MEMORY_V2_VERSION {
             return ARGUMENT_VERSION_MISMATCH;
         }
-        let value = g.memory(t).map(|m| nvmlMemory_v2_t {
+        let reading = match mig {
+            Some(m) => g.mig_memory(m, t),
+            None => g.memory(t),
+        };
+        let value = reading.map(|m| nvmlMemory_v2_t {
             version: MEMORY_V2_VERSION,
             total: m.total,
             reserved: m.reserved,
@@ -871,11 +936,21 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
     info_count: *mut c_uint,
     infos: *mut nvmlProcessInfo_t,
 ) -> nvmlReturn_t {
-    with_gpu(device, |g, t| {
+    with_device(device, |g, mig, t| {
         if info_count.is_null() {
             return INVALID_ARGUMENT;
         }
-        let running: Vec<_> = g.processes_at(t).collect();
+        // A MIG handle lists its own processes; the GPU's handle all of
+        // them, each with the instance it runs on.
+        let running: Vec<_> = match mig {
+            Some(m) => m
+                .processes
+                .iter()
+                .filter(|p| p.runs_at(t))
+                .map(|p| (p, Some(m)))
+                .collect(),
+            None => g.all_processes_at(t).collect(),
+        };
         let needed = c_uint::try_from(running.len()).unwrap_or(c_uint::MAX);
         // SAFETY: non-null, and the caller promises it is valid.
         let capacity = unsafe { info_count.read() };
@@ -887,15 +962,15 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
         if needed > 0 && infos.is_null() {
             return INVALID_ARGUMENT;
         }
-        for (i, p) in running.iter().enumerate() {
+        for (i, (p, on)) in running.iter().enumerate() {
             let info = nvmlProcessInfo_t {
                 pid: p.pid,
                 // NVML_VALUE_NOT_AVAILABLE is -1: all bits set.
                 usedGpuMemory: p
                     .used_memory_bytes
                     .unwrap_or(NVML_VALUE_NOT_AVAILABLE as c_ulonglong),
-                gpuInstanceId: NO_INSTANCE,
-                computeInstanceId: NO_INSTANCE,
+                gpuInstanceId: on.map_or(NO_INSTANCE, |m| m.gpu_instance_id),
+                computeInstanceId: on.map_or(NO_INSTANCE, |m| m.compute_instance_id),
             };
             // SAFETY: i < needed <= capacity, the caller's entry count.
             unsafe { infos.add(i).write(info) };
@@ -957,14 +1032,53 @@ pub extern "C" fn nvmlGpmSampleFree(sample: nvmlGpmSample_t) -> nvmlReturn_t {
     })
 }
 
-/// Records in `sample` that it was taken on this GPU, now.
+/// Records in `sample` that it was taken on this GPU (or, for a MIG
+/// handle, on its GPU instance), now.
 #[unsafe(no_mangle)]
 pub extern "C" fn nvmlGpmSampleGet(device: nvmlDevice_t, sample: nvmlGpmSample_t) -> nvmlReturn_t {
+    with_session_mut(|session| {
+        let (gpu, slot, elapsed_ms) = match session.live_device(device) {
+            Ok(found) => found,
+            Err(code) => return code,
+        };
+        let gpu_instance_id = slot
+            .and_then(|s| session.scenario.gpus.get(gpu)?.mig.get(s))
+            .map(|m| m.gpu_instance_id);
+        take_gpm_sample(session, gpu, gpu_instance_id, elapsed_ms, sample)
+    })
+}
+
+/// Records in `sample` that it was taken on GPU instance `gpu_instance_id`
+/// of this (MIG-enabled) GPU, now.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlGpmMigSampleGet(
+    device: nvmlDevice_t,
+    gpu_instance_id: c_uint,
+    sample: nvmlGpmSample_t,
+) -> nvmlReturn_t {
     with_session_mut(|session| {
         let (gpu, elapsed_ms) = match session.live_gpu(device) {
             Ok(found) => found,
             Err(code) => return code,
         };
+        let exists = session.scenario.gpus.get(gpu).is_some_and(|g| {
+            g.mig_enabled(elapsed_ms) && g.mig.iter().any(|m| m.gpu_instance_id == gpu_instance_id)
+        });
+        if !exists {
+            return INVALID_ARGUMENT;
+        }
+        take_gpm_sample(session, gpu, Some(gpu_instance_id), elapsed_ms, sample)
+    })
+}
+
+fn take_gpm_sample(
+    session: &mut Session,
+    gpu: usize,
+    gpu_instance_id: Option<u32>,
+    elapsed_ms: u64,
+    sample: nvmlGpmSample_t,
+) -> nvmlReturn_t {
+    {
         if !session.scenario.gpus.get(gpu).is_some_and(|g| g.gpm) {
             return NOT_SUPPORTED;
         }
@@ -974,6 +1088,7 @@ pub extern "C" fn nvmlGpmSampleGet(device: nvmlDevice_t, sample: nvmlGpmSample_t
             Some(slot) => {
                 slot.taken = Some(GpmTaken {
                     gpu,
+                    gpu_instance_id,
                     elapsed_ms,
                     seq,
                 });
@@ -981,11 +1096,22 @@ pub extern "C" fn nvmlGpmSampleGet(device: nvmlDevice_t, sample: nvmlGpmSample_t
             }
             None => INVALID_ARGUMENT,
         }
-    })
+    }
 }
 
-/// The GPM metric of `g` with NVML id `id`, if the scenario has it.
-fn gpm_metric(g: &Gpu, id: c_uint) -> Option<&Metric<f64>> {
+/// The GPM metric of `g` (or of its MIG device `mig`) with NVML id `id`,
+/// if the scenario has it.
+fn gpm_metric<'a>(g: &'a Gpu, mig: Option<&'a MigDevice>, id: c_uint) -> Option<&'a Metric<f64>> {
+    if let Some(m) = mig {
+        return match id {
+            GPM_GRAPHICS_UTIL => Some(&m.graphics_active_pct),
+            GPM_SM_UTIL => Some(&m.sm_active_pct),
+            GPM_SM_OCCUPANCY => Some(&m.sm_occupancy_pct),
+            GPM_ANY_TENSOR_UTIL => Some(&m.tensor_active_pct),
+            GPM_DRAM_BW_UTIL => Some(&m.dram_active_pct),
+            _ => None,
+        };
+    }
     match id {
         GPM_GRAPHICS_UTIL => Some(&g.graphics_active_pct),
         GPM_SM_UTIL => Some(&g.sm_active_pct),
@@ -1022,7 +1148,10 @@ pub unsafe extern "C" fn nvmlGpmMetricsGet(metrics_get: *mut nvmlGpmMetricsGet_t
         let (Some(first), Some(second)) = (taken(request.sample1), taken(request.sample2)) else {
             return INVALID_ARGUMENT;
         };
-        if first.gpu != second.gpu || second.seq <= first.seq {
+        if first.gpu != second.gpu
+            || first.gpu_instance_id != second.gpu_instance_id
+            || second.seq <= first.seq
+        {
             return INVALID_ARGUMENT;
         }
         let Some(g) = session.scenario.gpus.get(second.gpu) else {
@@ -1034,6 +1163,10 @@ pub unsafe extern "C" fn nvmlGpmMetricsGet(metrics_get: *mut nvmlGpmMetricsGet_t
         if !g.gpm {
             return NOT_SUPPORTED;
         }
+        // GPM is per GPU instance: its compute instances share the values.
+        let mig = second
+            .gpu_instance_id
+            .and_then(|gi| g.mig.iter().find(|m| m.gpu_instance_id == gi));
         let Some(entries) = request.metrics.get_mut(..request.numMetrics as usize) else {
             return INVALID_ARGUMENT;
         };
@@ -1043,7 +1176,7 @@ pub unsafe extern "C" fn nvmlGpmMetricsGet(metrics_get: *mut nvmlGpmMetricsGet_t
                 longName: ptr::null_mut(),
                 unit: ptr::null_mut(),
             };
-            let value = gpm_metric(g, entry.metricId)
+            let value = gpm_metric(g, mig, entry.metricId)
                 .ok_or(Fault::NotSupported)
                 .and_then(|m| g.read(m, second.elapsed_ms));
             match value {
@@ -1170,8 +1303,8 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
                         device: ptr::without_provenance_mut::<nvmlDevice_st>(gpu + 1),
                         eventType: XID_EVENT,
                         eventData: event.xid,
-                        gpuInstanceId: NO_INSTANCE,
-                        computeInstanceId: NO_INSTANCE,
+                        gpuInstanceId: event.gpu_instance_id.unwrap_or(NO_INSTANCE),
+                        computeInstanceId: event.compute_instance_id.unwrap_or(NO_INSTANCE),
                     };
                     // SAFETY: non-null, and the caller promises it is valid.
                     unsafe { data.write(event) };
@@ -1194,5 +1327,237 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
         }
+    })
+}
+
+/// Whether MIG is enabled now (`mig_mode`) and after the next reset
+/// (`mig_mode_pending`): 1 or 0 each.
+///
+/// # Safety
+/// `current` and `pending` must be null or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMigMode(
+    device: nvmlDevice_t,
+    current: *mut c_uint,
+    pending: *mut c_uint,
+) -> nvmlReturn_t {
+    with_gpu(device, |g, t| {
+        if pending.is_null() {
+            return INVALID_ARGUMENT;
+        }
+        let now = as_c_uint(g.read(&g.mig_mode, t));
+        let next = as_c_uint(g.read(&g.mig_mode_pending, t));
+        let (now, next) = match (now, next) {
+            (Ok(now), Ok(next)) => (now, next),
+            (Err(f), _) | (_, Err(f)) => return f.code(),
+        };
+        // SAFETY: forwarded from the caller; `pending` checked above.
+        unsafe {
+            let code = put(current, Ok(now));
+            if code == SUCCESS {
+                pending.write(next);
+            }
+            code
+        }
+    })
+}
+
+/// How many MIG devices the GPU can hold: [`MAX_MIG_DEVICES`] on a GPU
+/// with MIG (enabled or not); NVML_ERROR_NOT_SUPPORTED without.
+///
+/// # Safety
+/// `count` must be null or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+) -> nvmlReturn_t {
+    with_gpu(device, |g, t| {
+        let value = g.read(&g.mig_mode, t).map(|_| MAX_MIG_DEVICES as c_uint);
+        // SAFETY: forwarded from the caller.
+        unsafe { put(count, value) }
+    })
+}
+
+/// The handle of MIG device `index` (0-based, scenario order);
+/// NVML_ERROR_NOT_FOUND for an empty slot or while MIG is disabled.
+///
+/// # Safety
+/// `mig_device` must be null or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
+    device: nvmlDevice_t,
+    index: c_uint,
+    mig_device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    with_gpu(device, |g, t| {
+        if index as usize >= MAX_MIG_DEVICES {
+            return INVALID_ARGUMENT;
+        }
+        let value = match g.mig_device(index as usize, t) {
+            Some(_) => Ok(mig_handle(g.index as usize, index as usize)),
+            None => return NOT_FOUND,
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe { put(mig_device, value) }
+    })
+}
+
+/// 1 for a MIG device's handle, 0 for a GPU's.
+///
+/// # Safety
+/// `is_mig` must be null or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceIsMigDeviceHandle(
+    device: nvmlDevice_t,
+    is_mig: *mut c_uint,
+) -> nvmlReturn_t {
+    // SAFETY: forwarded from the caller.
+    with_device(device, |_, mig, _| unsafe {
+        put(is_mig, Ok(c_uint::from(mig.is_some())))
+    })
+}
+
+/// The GPU handle of a MIG device's GPU.
+///
+/// # Safety
+/// `parent` must be null or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetDeviceHandleFromMigDeviceHandle(
+    device: nvmlDevice_t,
+    parent: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    with_device(device, |g, mig, _| {
+        if mig.is_none() {
+            return INVALID_ARGUMENT;
+        }
+        let handle = ptr::without_provenance_mut::<nvmlDevice_st>(g.index as usize + 1);
+        // SAFETY: forwarded from the caller.
+        unsafe { put(parent, Ok(handle)) }
+    })
+}
+
+/// A MIG device's GPU instance id; NVML_ERROR_INVALID_ARGUMENT for a GPU handle.
+///
+/// # Safety
+/// `id` must be null or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetGpuInstanceId(
+    device: nvmlDevice_t,
+    id: *mut c_uint,
+) -> nvmlReturn_t {
+    with_device(device, |_, mig, _| match mig {
+        // SAFETY: forwarded from the caller.
+        Some(m) => unsafe { put(id, Ok(m.gpu_instance_id)) },
+        None => INVALID_ARGUMENT,
+    })
+}
+
+/// A MIG device's compute instance id; NVML_ERROR_INVALID_ARGUMENT for a GPU handle.
+///
+/// # Safety
+/// `id` must be null or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetComputeInstanceId(
+    device: nvmlDevice_t,
+    id: *mut c_uint,
+) -> nvmlReturn_t {
+    with_device(device, |_, mig, _| match mig {
+        // SAFETY: forwarded from the caller.
+        Some(m) => unsafe { put(id, Ok(m.compute_instance_id)) },
+        None => INVALID_ARGUMENT,
+    })
+}
+
+/// Defines an export that reads one `u32` metric of the GPU.
+macro_rules! gpu_u32_export {
+    ($(#[$doc:meta])* $name:ident, $field:ident) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// `value` must be null or valid for a write.
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name(device: nvmlDevice_t, value: *mut c_uint) -> nvmlReturn_t {
+            // SAFETY: forwarded from the caller.
+            with_gpu(device, |g, t| unsafe { put(value, as_c_uint(g.read(&g.$field, t))) })
+        }
+    };
+}
+
+gpu_u32_export!(
+    /// The PCIe link generation now (`pcie_link_gen`).
+    nvmlDeviceGetCurrPcieLinkGeneration,
+    pcie_link_gen
+);
+gpu_u32_export!(
+    /// The highest PCIe link generation GPU and host share (`pcie_link_gen_max`).
+    nvmlDeviceGetMaxPcieLinkGeneration,
+    pcie_link_gen_max
+);
+gpu_u32_export!(
+    /// The PCIe lanes in use now (`pcie_link_width`).
+    nvmlDeviceGetCurrPcieLinkWidth,
+    pcie_link_width
+);
+gpu_u32_export!(
+    /// The most PCIe lanes (`pcie_link_width_max`).
+    nvmlDeviceGetMaxPcieLinkWidth,
+    pcie_link_width_max
+);
+gpu_u32_export!(
+    /// Fan speed in % of its maximum (`fan_speed_pct`), the one fan.
+    nvmlDeviceGetFanSpeed,
+    fan_speed_pct
+);
+
+/// Fan `fan`'s speed in %: the GPU has one fan (`fan_speed_pct`), or none
+/// when that is an error.
+///
+/// # Safety
+/// `speed` must be null or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetFanSpeed_v2(
+    device: nvmlDevice_t,
+    fan: c_uint,
+    speed: *mut c_uint,
+) -> nvmlReturn_t {
+    with_gpu(device, |g, t| {
+        let value = as_c_uint(g.read(&g.fan_speed_pct, t));
+        if fan != 0 && value.is_ok() {
+            return INVALID_ARGUMENT;
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { put(speed, value) }
+    })
+}
+
+/// 1 fan, or `fan_speed_pct`'s error (a passively cooled board).
+///
+/// # Safety
+/// `count` must be null or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNumFans(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+) -> nvmlReturn_t {
+    with_gpu(device, |g, t| {
+        let value = g.read(&g.fan_speed_pct, t).map(|_| 1);
+        // SAFETY: forwarded from the caller.
+        unsafe { put(count, value) }
+    })
+}
+
+/// The performance state (`performance_state`: 0–15, 32 unknown).
+///
+/// # Safety
+/// `state` must be null or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPerformanceState(
+    device: nvmlDevice_t,
+    state: *mut nvmlPstates_t,
+) -> nvmlReturn_t {
+    // SAFETY: forwarded from the caller.
+    with_gpu(device, |g, t| unsafe {
+        put(state, as_c_uint(g.read(&g.performance_state, t)))
     })
 }

@@ -11,13 +11,14 @@
 
 mod ffi;
 pub mod metric;
+pub mod nvsmi;
 pub mod scenario;
 
 pub use ffi::{MEMORY_V2_VERSION, SUPPORTED_EVENT_TYPES};
 pub use metric::{Fault, Metric, Sample, Value};
 pub use scenario::{
-    DEFAULT_SCENARIO_TOML, Energy, Gpu, MemoryReading, PciAddress, Process, SCENARIO_ENV, Scenario,
-    ScenarioError, XidEvent,
+    DEFAULT_SCENARIO_TOML, Energy, Gpu, MAX_MIG_DEVICES, MemoryReading, MigDevice, PciAddress,
+    Process, SCENARIO_ENV, Scenario, ScenarioError, XidEvent,
 };
 
 /// Where Cargo put the fake library for the running test executable, if it is

@@ -48,6 +48,9 @@ const DEFAULT_PCIE_RX_BYTES_PER_S: u64 = 1_500_000_000;
 /// carry up to 450 GB/s each way).
 const DEFAULT_NVLINK_TX_BYTES_PER_S: u64 = 40_000_000_000;
 const DEFAULT_NVLINK_RX_BYTES_PER_S: u64 = 36_000_000_000;
+/// An H100 SXM5 on a PCIe 5.0 x16 link.
+const DEFAULT_PCIE_LINK_GEN: u64 = 5;
+const DEFAULT_PCIE_LINK_WIDTH: u64 = 16;
 
 /// Rate × ms per counter unit: mW·ms per mJ, (B/s)·ms per byte.
 const RATE_MS_PER_UNIT: u64 = 1000;
@@ -180,6 +183,51 @@ pub struct XidEvent {
     pub at_ms: u64,
     /// The XID (`nvmlEventData_t.eventData`), e.g. 79 for "fallen off the bus".
     pub xid: u64,
+    /// The MIG GPU instance it is attributed to (`gpuInstanceId`); `None`
+    /// reports 0xFFFFFFFF, no instance.
+    pub gpu_instance_id: Option<u32>,
+    /// The compute instance within it (`computeInstanceId`).
+    pub compute_instance_id: Option<u32>,
+}
+
+/// The most MIG devices one GPU holds (seven on A100 and H100); also what
+/// `nvmlDeviceGetMaxMigDeviceCount` reports for a MIG-capable GPU.
+pub const MAX_MIG_DEVICES: usize = 7;
+
+/// One MIG device: a compute instance within a GPU instance of a
+/// MIG-enabled GPU, with its own handle, name, UUID, memory and processes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MigDevice {
+    /// NVML GPU instance id (`nvmlDeviceGetGpuInstanceId`).
+    pub gpu_instance_id: u32,
+    /// NVML compute instance id within it (`nvmlDeviceGetComputeInstanceId`).
+    pub compute_instance_id: u32,
+    /// The profile, e.g. `1g.10gb`.
+    pub profile: String,
+    /// `nvmlDeviceGetName` of the MIG handle: `<GPU name> MIG <profile>`.
+    pub name: String,
+    /// `MIG-…` UUID.
+    pub uuid: String,
+    /// The instance's framebuffer, bytes.
+    pub fb_total_bytes: u64,
+    /// Reserved within it, bytes.
+    pub fb_reserved_bytes: u64,
+    /// Used, bytes.
+    pub fb_used_bytes: Metric,
+    /// Free, bytes, when the scenario gives it; else total − reserved − used.
+    pub fb_free_bytes: Option<Metric>,
+    /// GPM activity of the GPU instance (`nvmlGpmMigSampleGet`), %.
+    pub graphics_active_pct: Metric<f64>,
+    /// GPM SM active, %.
+    pub sm_active_pct: Metric<f64>,
+    /// GPM SM occupancy, %.
+    pub sm_occupancy_pct: Metric<f64>,
+    /// GPM tensor pipe active, %.
+    pub tensor_active_pct: Metric<f64>,
+    /// GPM DRAM active, %.
+    pub dram_active_pct: Metric<f64>,
+    /// Processes with a compute context on this instance.
+    pub processes: Vec<Process>,
 }
 
 /// A process with a compute context on the GPU
@@ -269,6 +317,9 @@ pub struct Gpu {
     pub dec_util_pct: Metric,
     /// Framebuffer used, bytes.
     pub fb_used_bytes: Metric,
+    /// Framebuffer free, bytes, when the scenario gives it (a capture's
+    /// own reading); else total − reserved − used.
+    pub fb_free_bytes: Option<Metric>,
     /// Enforced (and management) power limit, mW.
     pub power_limit_mw: Metric,
     /// Clock event (throttle) reasons, a bitmask of `nvmlClocksEventReason*`.
@@ -324,9 +375,73 @@ pub struct Gpu {
     pub lost_at_ms: Option<u64>,
     /// Processes with a compute context.
     pub processes: Vec<Process>,
+    /// MIG mode now (`nvmlDeviceGetMigMode` current): 1 enabled, 0 disabled.
+    pub mig_mode: Metric,
+    /// MIG mode after the next GPU reset (pending).
+    pub mig_mode_pending: Metric,
+    /// The MIG devices, in `nvmlDeviceGetMigDeviceHandleByIndex` order.
+    pub mig: Vec<MigDevice>,
+    /// PCIe link generation now (`nvmlDeviceGetCurrPcieLinkGeneration`).
+    pub pcie_link_gen: Metric,
+    /// Highest PCIe link generation (`nvmlDeviceGetMaxPcieLinkGeneration`).
+    pub pcie_link_gen_max: Metric,
+    /// PCIe lanes now (`nvmlDeviceGetCurrPcieLinkWidth`).
+    pub pcie_link_width: Metric,
+    /// Most PCIe lanes (`nvmlDeviceGetMaxPcieLinkWidth`).
+    pub pcie_link_width_max: Metric,
+    /// Fan 0 speed, % of its maximum (`nvmlDeviceGetFanSpeed_v2`).
+    pub fan_speed_pct: Metric,
+    /// Performance state 0–15, or 32 for unknown (`nvmlDeviceGetPerformanceState`).
+    pub performance_state: Metric,
 }
 
 impl Gpu {
+    /// Whether MIG is enabled `elapsed_ms` after init.
+    pub fn mig_enabled(&self, elapsed_ms: u64) -> bool {
+        self.read(&self.mig_mode, elapsed_ms) == Ok(1)
+    }
+
+    /// The MIG device in handle slot `slot`, while MIG is enabled.
+    pub fn mig_device(&self, slot: usize, elapsed_ms: u64) -> Option<&MigDevice> {
+        self.mig.get(slot).filter(|_| self.mig_enabled(elapsed_ms))
+    }
+
+    /// The framebuffer of MIG device `mig` `elapsed_ms` after init.
+    pub fn mig_memory(&self, mig: &MigDevice, elapsed_ms: u64) -> Result<MemoryReading, Fault> {
+        let used = self.read(&mig.fb_used_bytes, elapsed_ms)?;
+        let free = match &mig.fb_free_bytes {
+            Some(free) => self.read(free, elapsed_ms)?,
+            None => mig
+                .fb_total_bytes
+                .saturating_sub(mig.fb_reserved_bytes)
+                .saturating_sub(used),
+        };
+        Ok(MemoryReading {
+            total: mig.fb_total_bytes,
+            reserved: mig.fb_reserved_bytes,
+            free,
+            used,
+        })
+    }
+
+    /// The processes running `elapsed_ms` after init on the whole GPU, each
+    /// with its MIG device (`None` outside MIG): the GPU's own, then each
+    /// MIG device's, in scenario order.
+    pub fn all_processes_at(
+        &self,
+        elapsed_ms: u64,
+    ) -> impl Iterator<Item = (&Process, Option<&MigDevice>)> {
+        let mig_on = self.mig_enabled(elapsed_ms);
+        self.processes_at(elapsed_ms).map(|p| (p, None)).chain(
+            self.mig.iter().filter(move |_| mig_on).flat_map(move |m| {
+                m.processes
+                    .iter()
+                    .filter(move |p| p.runs_at(elapsed_ms))
+                    .map(move |p| (p, Some(m)))
+            }),
+        )
+    }
+
     /// The trace step this GPU is at `elapsed_ms` after init.
     pub fn step(&self, elapsed_ms: u64) -> u64 {
         (elapsed_ms / self.step_ms.max(1)).wrapping_add(self.offset_steps)
@@ -413,13 +528,17 @@ impl Gpu {
     /// Framebuffer memory `elapsed_ms` after init.
     pub fn memory(&self, elapsed_ms: u64) -> Result<MemoryReading, Fault> {
         let used = self.read(&self.fb_used_bytes, elapsed_ms)?;
-        Ok(MemoryReading {
-            total: self.fb_total_bytes,
-            reserved: self.fb_reserved_bytes,
-            free: self
+        let free = match &self.fb_free_bytes {
+            Some(free) => self.read(free, elapsed_ms)?,
+            None => self
                 .fb_total_bytes
                 .saturating_sub(self.fb_reserved_bytes)
                 .saturating_sub(used),
+        };
+        Ok(MemoryReading {
+            total: self.fb_total_bytes,
+            reserved: self.fb_reserved_bytes,
+            free,
             used,
         })
     }
@@ -480,6 +599,7 @@ struct RawGpu {
     enc_util_pct: Option<Metric>,
     dec_util_pct: Option<Metric>,
     fb_used_bytes: Option<Metric>,
+    fb_free_bytes: Option<Metric>,
     power_limit_mw: Option<Metric>,
     clock_event_reasons: Option<Metric>,
     ecc_sbe_volatile: Option<Metric>,
@@ -506,6 +626,34 @@ struct RawGpu {
     dram_active_pct: Option<Metric<f64>>,
     xid_events: Option<Vec<XidEvent>>,
     lost_at_ms: Option<u64>,
+    processes: Option<Vec<Process>>,
+    mig_mode: Option<Metric>,
+    mig_mode_pending: Option<Metric>,
+    mig: Option<Vec<RawMig>>,
+    pcie_link_gen: Option<Metric>,
+    pcie_link_gen_max: Option<Metric>,
+    pcie_link_width: Option<Metric>,
+    pcie_link_width_max: Option<Metric>,
+    fan_speed_pct: Option<Metric>,
+    performance_state: Option<Metric>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMig {
+    gpu_instance_id: u32,
+    compute_instance_id: Option<u32>,
+    profile: String,
+    uuid: Option<String>,
+    fb_total_bytes: u64,
+    fb_reserved_bytes: Option<u64>,
+    fb_used_bytes: Option<Metric>,
+    fb_free_bytes: Option<Metric>,
+    graphics_active_pct: Option<Metric<f64>>,
+    sm_active_pct: Option<Metric<f64>>,
+    sm_occupancy_pct: Option<Metric<f64>>,
+    tensor_active_pct: Option<Metric<f64>>,
+    dram_active_pct: Option<Metric<f64>>,
     processes: Option<Vec<Process>>,
 }
 
@@ -710,6 +858,7 @@ fn build(raw: RawScenario) -> Result<Scenario, ScenarioError> {
             enc_util_pct: metric(g.enc_util_pct, 0),
             dec_util_pct: metric(g.dec_util_pct, 0),
             fb_used_bytes: metric(g.fb_used_bytes, 0),
+            fb_free_bytes: g.fb_free_bytes,
             power_limit_mw: metric(g.power_limit_mw, DEFAULT_POWER_LIMIT_MW),
             clock_event_reasons: metric(g.clock_event_reasons, 0),
             ecc_sbe_volatile: metric(g.ecc_sbe_volatile, 0),
@@ -743,7 +892,22 @@ fn build(raw: RawScenario) -> Result<Scenario, ScenarioError> {
             },
             lost_at_ms: g.lost_at_ms,
             processes: g.processes.unwrap_or_default(),
+            mig_mode_pending: g
+                .mig_mode_pending
+                .or_else(|| g.mig_mode.clone())
+                .unwrap_or(Metric::constant(0)),
+            mig_mode: metric(g.mig_mode, 0),
+            mig: Vec::new(),
+            pcie_link_gen: metric(g.pcie_link_gen, DEFAULT_PCIE_LINK_GEN),
+            pcie_link_gen_max: metric(g.pcie_link_gen_max, DEFAULT_PCIE_LINK_GEN),
+            pcie_link_width: metric(g.pcie_link_width, DEFAULT_PCIE_LINK_WIDTH),
+            pcie_link_width_max: metric(g.pcie_link_width_max, DEFAULT_PCIE_LINK_WIDTH),
+            // SXM boards are cooled by the chassis: no fan of their own.
+            fan_speed_pct: unsupported(g.fan_speed_pct),
+            performance_state: metric(g.performance_state, 0),
         };
+        let mut template = template;
+        template.mig = build_mig(&at, &template, g.mig.unwrap_or_default())?;
 
         let u32_max = u64::from(u32::MAX);
         let nvml_u32 = "the largest value NVML reports for this metric";
@@ -768,6 +932,8 @@ fn build(raw: RawScenario) -> Result<Scenario, ScenarioError> {
             ("retired_pages_pending", &template.retired_pages_pending),
             ("remapped_rows_pending", &template.remapped_rows_pending),
             ("remapped_rows_failure", &template.remapped_rows_failure),
+            ("mig_mode", &template.mig_mode),
+            ("mig_mode_pending", &template.mig_mode_pending),
         ] {
             check_max(&at(key), m, 1, "and this field is a flag: 0 or 1")?;
         }
@@ -786,6 +952,7 @@ fn build(raw: RawScenario) -> Result<Scenario, ScenarioError> {
             ("memory_copy_util_pct", &template.memory_copy_util_pct),
             ("enc_util_pct", &template.enc_util_pct),
             ("dec_util_pct", &template.dec_util_pct),
+            ("fan_speed_pct", &template.fan_speed_pct),
         ] {
             check_max(&at(key), m, 100, "and utilization is a percentage")?;
         }
@@ -806,6 +973,11 @@ fn build(raw: RawScenario) -> Result<Scenario, ScenarioError> {
             gpu.pci = pci.unwrap_or_else(|| PciAddress::default_for(index));
             gpu.minor_number = g.minor_number.unwrap_or(index);
             gpu.offset_steps = k.wrapping_mul(phase_steps);
+            for m in &mut gpu.mig {
+                if m.uuid.is_empty() {
+                    m.uuid = default_mig_uuid(index, m.gpu_instance_id, m.compute_instance_id);
+                }
+            }
             gpus.push(gpu);
         }
     }
@@ -820,6 +992,14 @@ fn build(raw: RawScenario) -> Result<Scenario, ScenarioError> {
                 at,
                 format!("uuid \"{}\" is used by an earlier GPU", gpu.uuid),
             ));
+        }
+        for m in &gpu.mig {
+            if !uuids.insert(m.uuid.as_str()) {
+                return Err(invalid(
+                    at.clone(),
+                    format!("MIG uuid \"{}\" is used by an earlier device", m.uuid),
+                ));
+            }
         }
         if !buses.insert(gpu.pci) {
             return Err(invalid(
@@ -845,6 +1025,145 @@ fn build(raw: RawScenario) -> Result<Scenario, ScenarioError> {
         hang_at_ms: raw.hang_at_ms,
         gpus,
     })
+}
+
+/// The MIG devices of one `[[gpu]]` entry, checked against the GPU:
+/// only on a GPU whose `mig_mode` is 1 throughout, with distinct
+/// (GPU instance, compute instance) ids, and no processes outside them.
+fn build_mig(
+    at: &dyn Fn(&str) -> String,
+    gpu: &Gpu,
+    raw: Vec<RawMig>,
+) -> Result<Vec<MigDevice>, ScenarioError> {
+    if raw.is_empty() {
+        for e in &gpu.xid_events {
+            if e.gpu_instance_id.is_some() || e.compute_instance_id.is_some() {
+                return Err(invalid(
+                    at("xid_events"),
+                    "an event names a MIG instance but the GPU has no [[gpu.mig]] devices",
+                ));
+            }
+        }
+        return Ok(Vec::new());
+    }
+    if gpu.mig_mode != Metric::constant(1) {
+        return Err(invalid(
+            at("mig"),
+            "MIG devices need mig_mode = 1 (enabled) on their GPU",
+        ));
+    }
+    if !gpu.processes.is_empty() {
+        return Err(invalid(
+            at("processes"),
+            "a MIG-enabled GPU runs processes on its MIG devices: list them under [[gpu.mig]]",
+        ));
+    }
+    if raw.len() > MAX_MIG_DEVICES {
+        return Err(invalid(
+            at("mig"),
+            format!(
+                "{} MIG devices; a GPU holds at most {MAX_MIG_DEVICES}",
+                raw.len()
+            ),
+        ));
+    }
+    let mut out: Vec<MigDevice> = Vec::with_capacity(raw.len());
+    for (i, m) in raw.into_iter().enumerate() {
+        let at = |key: &str| at(&format!("mig {}, {key}", i + 1));
+        let compute_instance_id = m.compute_instance_id.unwrap_or(0);
+        if out.iter().any(|o| {
+            o.gpu_instance_id == m.gpu_instance_id && o.compute_instance_id == compute_instance_id
+        }) {
+            return Err(invalid(
+                at("gpu_instance_id"),
+                format!(
+                    "GPU instance {} compute instance {compute_instance_id} is listed twice",
+                    m.gpu_instance_id
+                ),
+            ));
+        }
+        if m.profile.is_empty() {
+            return Err(invalid(
+                at("profile"),
+                "must name the profile, e.g. \"1g.10gb\"",
+            ));
+        }
+        let name = format!("{} MIG {}", gpu.name, m.profile);
+        check_c_string(&at("profile"), &name, NVML_DEVICE_NAME_V2_BUFFER_SIZE)?;
+        if let Some(uuid) = &m.uuid {
+            check_c_string(&at("uuid"), uuid, NVML_DEVICE_UUID_V2_BUFFER_SIZE)?;
+        }
+        let fb_reserved_bytes = m.fb_reserved_bytes.unwrap_or(0);
+        if fb_reserved_bytes > m.fb_total_bytes {
+            return Err(invalid(
+                at("fb_reserved_bytes"),
+                format!(
+                    "{fb_reserved_bytes} is more than fb_total_bytes ({})",
+                    m.fb_total_bytes
+                ),
+            ));
+        }
+        let percent = |p: Option<Metric<f64>>| p.unwrap_or(Metric::constant(0.0));
+        let device = MigDevice {
+            gpu_instance_id: m.gpu_instance_id,
+            compute_instance_id,
+            profile: m.profile,
+            name,
+            uuid: m.uuid.unwrap_or_default(),
+            fb_total_bytes: m.fb_total_bytes,
+            fb_reserved_bytes,
+            fb_used_bytes: m.fb_used_bytes.unwrap_or(Metric::constant(0)),
+            fb_free_bytes: m.fb_free_bytes,
+            graphics_active_pct: percent(m.graphics_active_pct),
+            sm_active_pct: percent(m.sm_active_pct),
+            sm_occupancy_pct: percent(m.sm_occupancy_pct),
+            tensor_active_pct: percent(m.tensor_active_pct),
+            dram_active_pct: percent(m.dram_active_pct),
+            processes: m.processes.unwrap_or_default(),
+        };
+        check_max(
+            &at("fb_used_bytes"),
+            &device.fb_used_bytes,
+            device.fb_total_bytes - fb_reserved_bytes,
+            "fb_total_bytes - fb_reserved_bytes of the MIG device",
+        )?;
+        for (key, p) in [
+            ("graphics_active_pct", &device.graphics_active_pct),
+            ("sm_active_pct", &device.sm_active_pct),
+            ("sm_occupancy_pct", &device.sm_occupancy_pct),
+            ("tensor_active_pct", &device.tensor_active_pct),
+            ("dram_active_pct", &device.dram_active_pct),
+        ] {
+            check_percent(&at(key), p)?;
+        }
+        check_processes(&at("processes"), &device.processes)?;
+        out.push(device);
+    }
+    for e in &gpu.xid_events {
+        let known = match (e.gpu_instance_id, e.compute_instance_id) {
+            (None, None) => true,
+            (Some(gi), ci) => out.iter().any(|m| {
+                m.gpu_instance_id == gi && ci.is_none_or(|ci| m.compute_instance_id == ci)
+            }),
+            (None, Some(_)) => false,
+        };
+        if !known {
+            return Err(invalid(
+                at("xid_events"),
+                format!(
+                    "XID {} at {} ms names GPU instance {:?} compute instance {:?}, \
+                     which is not among the GPU's [[gpu.mig]] devices",
+                    e.xid, e.at_ms, e.gpu_instance_id, e.compute_instance_id
+                ),
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// The UUID a MIG device gets when the scenario gives none.
+fn default_mig_uuid(gpu: u32, gi: u32, ci: u32) -> String {
+    format!("MIG-{gpu:08x}-fake-4{gi:03x}-8{ci:03x}-000000000000")
 }
 
 fn check_percent(at: &str, metric: &Metric<f64>) -> Result<(), ScenarioError> {
@@ -1415,22 +1734,24 @@ mod tests {
             .skip(1)
             .filter_map(|rest| rest.split("```").next())
             .collect();
-        assert_eq!(blocks.len(), 4, "the README's TOML examples");
+        assert_eq!(blocks.len(), 5, "the README's TOML examples");
         for block in &blocks {
             if let Err(e) = Scenario::parse(block) {
                 panic!("README example does not parse: {e}\n{block}");
             }
         }
         assert_eq!(
-            parse(blocks[1]),
+            parse(blocks[2]),
             parse(include_str!("../scenarios/two-gpus.toml")),
             "the README's complete example is scenarios/two-gpus.toml"
         );
-        let lost = parse(blocks[2]);
+        let mig = parse(blocks[1]);
+        assert_eq!(mig.gpus[0].mig.len(), 1);
+        let lost = parse(blocks[3]);
         let g = &lost.gpus[7];
         assert_eq!(g.read(&g.temperature_c, 59_999), Ok(71));
         assert_eq!(g.read(&g.temperature_c, 60_000), Err(Fault::GpuLost));
-        let bad_day = parse(blocks[3]);
+        let bad_day = parse(blocks[4]);
         let g = &bad_day.gpus[0];
         assert_eq!(g.read(&g.ecc_dbe_volatile, 29_999), Ok(0));
         assert_eq!(g.read(&g.ecc_dbe_volatile, 30_000), Ok(2));
@@ -1466,5 +1787,64 @@ mod tests {
             .map(|p| (p.pid, p.used_memory_bytes))
             .collect();
         assert_eq!(pids, [(4242, Some(40 << 30))]);
+    }
+
+    #[test]
+    fn mig_devices_are_parsed_and_checked() {
+        let s = parse(
+            r#"
+            [[gpu]]
+            name = "NVIDIA H100 80GB HBM3"
+            mig_mode = 1
+            xid_events = [{ at_ms = 5, xid = 31, gpu_instance_id = 9 }]
+            [[gpu.mig]]
+            gpu_instance_id = 9
+            profile = "1g.10gb"
+            fb_total_bytes = 10468982784
+            fb_used_bytes = [1024, 2048]
+            processes = [{ pid = 4242, used_memory_bytes = 1024 }]
+            "#,
+        );
+        let g = &s.gpus[0];
+        assert!(g.mig_enabled(0));
+        let m = &g.mig[0];
+        assert_eq!(m.name, "NVIDIA H100 80GB HBM3 MIG 1g.10gb");
+        assert_eq!(m.uuid, "MIG-00000000-fake-4009-8000-000000000000");
+        assert_eq!(m.compute_instance_id, 0);
+        assert_eq!(
+            g.mig_memory(m, 1000).map(|r| (r.used, r.free)),
+            Ok((2048, 10468982784 - 2048))
+        );
+        let on: Vec<_> = g
+            .all_processes_at(0)
+            .map(|(p, m)| (p.pid, m.map(|m| m.gpu_instance_id)))
+            .collect();
+        assert_eq!(on, [(4242, Some(9))]);
+        assert_eq!(g.read(&g.mig_mode_pending, 0), Ok(1));
+        assert_eq!(g.read(&g.fan_speed_pct, 0), Err(Fault::NotSupported));
+
+        let e = error(
+            "[[gpu]]\n[[gpu.mig]]\ngpu_instance_id = 1\nprofile = \"1g.10gb\"\nfb_total_bytes = 1\n",
+        );
+        assert_eq!(
+            e,
+            "[[gpu]] entry 1 (mig): MIG devices need mig_mode = 1 (enabled) on their GPU"
+        );
+        let e = error(
+            "[[gpu]]\nmig_mode = 1\n[[gpu.mig]]\ngpu_instance_id = 1\nprofile = \"a\"\nfb_total_bytes = 1\n\
+             [[gpu.mig]]\ngpu_instance_id = 1\nprofile = \"b\"\nfb_total_bytes = 1\n",
+        );
+        assert!(
+            e.contains(
+                "(mig 2, gpu_instance_id): GPU instance 1 compute instance 0 is listed twice"
+            ),
+            "{e}"
+        );
+        let e = error("[[gpu]]\nxid_events = [{ at_ms = 1, xid = 79, gpu_instance_id = 3 }]\n");
+        assert!(e.contains("the GPU has no [[gpu.mig]] devices"), "{e}");
+        let e = error(
+            "[[gpu]]\nmig_mode = 1\nprocesses = [{ pid = 1 }]\n[[gpu.mig]]\ngpu_instance_id = 1\nprofile = \"a\"\nfb_total_bytes = 1\n",
+        );
+        assert!(e.contains("list them under [[gpu.mig]]"), "{e}");
     }
 }
