@@ -53,7 +53,7 @@ use std::path::{Path, PathBuf};
 
 use gputel_proto::IbPortSample;
 
-use super::{SampleError, Sampler, Source, Tick};
+use super::{SampleError, Sampler, Source, Tick, read_attr};
 
 /// Where the devices live, relative to the sysfs root.
 const CLASS_DIR: &str = "class/infiniband";
@@ -559,12 +559,7 @@ impl PortRead<'_> {
             excessive_buffer_overrun_errors,
             vl15_dropped,
             port_rcv_discards,
-        ] = ERROR_COUNTERS.map(|name| {
-            read_plain_counter(&dir.join(COUNTERS_DIR).join(name)).unwrap_or_else(|e| {
-                errors.push(e);
-                None
-            })
-        });
+        ] = read_plain_counters(&dir.join(COUNTERS_DIR), ERROR_COUNTERS, errors);
         let [
             hw_out_of_buffer,
             hw_out_of_sequence,
@@ -572,12 +567,7 @@ impl PortRead<'_> {
             hw_local_ack_timeout_err,
             hw_rnr_nak_retry_err,
             hw_implied_nak_seq_err,
-        ] = HW_COUNTERS.map(|name| {
-            read_plain_counter(&dir.join(HW_COUNTERS_DIR).join(name)).unwrap_or_else(|e| {
-                errors.push(e);
-                None
-            })
-        });
+        ] = read_plain_counters(&dir.join(HW_COUNTERS_DIR), HW_COUNTERS, errors);
         let [
             xmit_bytes,
             rcv_bytes,
@@ -639,6 +629,21 @@ impl PortRead<'_> {
             ..IbPortSample::default()
         })
     }
+}
+
+/// The counters `names` under `dir`, each None when absent or unreadable
+/// (its error added to `errors`).
+fn read_plain_counters<const N: usize>(
+    dir: &Path,
+    names: [&str; N],
+    errors: &mut Vec<SampleError>,
+) -> [Option<u64>; N] {
+    names.map(|name| {
+        read_plain_counter(&dir.join(name)).unwrap_or_else(|e| {
+            errors.push(e);
+            None
+        })
+    })
 }
 
 /// One counter that exists only in one place; None when its file does not
@@ -819,23 +824,6 @@ fn parse_counter(text: &str) -> Option<u64> {
         return None;
     }
     digits.parse().ok()
-}
-
-/// Reads a sysfs attribute; None when the file does not exist.
-fn read_attr(path: &Path) -> Result<Option<String>, SampleError> {
-    match fs::read(path) {
-        Ok(bytes) => String::from_utf8(bytes)
-            .map(Some)
-            .map_err(|_| SampleError::Parse {
-                path: path.to_owned(),
-                reason: "the file is not text".to_owned(),
-            }),
-        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(SampleError::Read {
-            path: path.to_owned(),
-            source,
-        }),
-    }
 }
 
 #[cfg(test)]

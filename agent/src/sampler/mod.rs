@@ -100,3 +100,21 @@ pub enum SampleError {
     #[error(transparent)]
     Gpu(#[from] gpu::GpuError),
 }
+
+/// A sysfs or procfs attribute as text; None when the file does not exist
+/// (an absent attribute is not an error, and not zero).
+pub(crate) fn read_attr(path: &std::path::Path) -> Result<Option<String>, SampleError> {
+    match std::fs::read(path) {
+        Ok(bytes) => String::from_utf8(bytes)
+            .map(Some)
+            .map_err(|_| SampleError::Parse {
+                path: path.to_owned(),
+                reason: "the file is not text".to_owned(),
+            }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(SampleError::Read {
+            path: path.to_owned(),
+            source,
+        }),
+    }
+}

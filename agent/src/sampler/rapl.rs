@@ -28,7 +28,7 @@ use std::fs;
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
-use super::SampleError;
+use super::{SampleError, read_attr};
 
 /// Where the powercap zones live, relative to the sysfs root.
 const CLASS_DIR: &str = "class/powercap";
@@ -142,7 +142,7 @@ impl Rapl {
         let mut seen = Vec::new();
         for zone in zones {
             let dir = class.join(&zone);
-            let kind = match read_text(&dir.join("name")) {
+            let kind = match read_attr(&dir.join("name")) {
                 Ok(Some(name)) => Kind::of(&name),
                 Ok(None) => None,
                 Err(e) => {
@@ -264,7 +264,7 @@ fn read_zone(dir: &Path, ts_us: i64) -> Result<ZoneReading, ZoneError> {
         Err(e) => return Err(zone_error(energy_path, e)),
     };
     let max_path = dir.join("max_energy_range_uj");
-    let max_uj = match read_text(&max_path).map_err(ZoneError::Other)? {
+    let max_uj = match read_attr(&max_path).map_err(ZoneError::Other)? {
         Some(text) => Some(parse_uj(&max_path, text.as_bytes()).map_err(ZoneError::Other)?),
         None => None,
     };
@@ -298,18 +298,6 @@ fn parse_uj(path: &Path, bytes: &[u8]) -> Result<u64, SampleError> {
         path: path.to_owned(),
         reason: format!("{digits} does not fit in 64 bits"),
     })
-}
-
-/// A sysfs attribute as text; None when the file does not exist.
-fn read_text(path: &Path) -> Result<Option<String>, SampleError> {
-    match fs::read(path) {
-        Ok(bytes) => Ok(Some(String::from_utf8_lossy(&bytes).into_owned())),
-        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(SampleError::Read {
-            path: path.to_owned(),
-            source,
-        }),
-    }
 }
 
 #[cfg(test)]
