@@ -124,8 +124,18 @@ impl Running {
 
     /// Waits for a collector's "listening on ADDR" log line; returns ADDR.
     pub fn listening_address(&mut self) -> String {
-        let line = self.wait_for_log("listening on ", Duration::from_secs(30));
-        line.split("listening on ")
+        self.logged_address("listening on ")
+    }
+
+    /// Waits for an agent's "metrics listening on ADDR" log line; returns ADDR.
+    pub fn metrics_address(&mut self) -> String {
+        self.logged_address("metrics listening on ")
+    }
+
+    /// Waits for a log line with `prefix` followed by an address; returns it.
+    fn logged_address(&mut self, prefix: &str) -> String {
+        let line = self.wait_for_log(prefix, Duration::from_secs(30));
+        line.split(prefix)
             .nth(1)
             .and_then(|rest| rest.split_whitespace().next())
             .unwrap_or_else(|| panic!("no address in {line:?}"))

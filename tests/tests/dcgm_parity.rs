@@ -161,13 +161,7 @@ fn every_default_counter_is_served_with_dcgm_exporters_type_help_and_labels() {
         .env(SCENARIO_ENV, &scenario)
         .env("RUST_LOG", "info");
     let mut agent = Running::spawn(cmd);
-    let line = agent.wait_for_log("metrics listening on ", Duration::from_secs(30));
-    let addr = line
-        .split("metrics listening on ")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_owned();
+    let addr = agent.metrics_address();
 
     let metrics: Vec<&Counter> = counters
         .iter()

@@ -123,13 +123,7 @@ fn metrics_endpoint_serves_dcgm_exporter_names_that_promtool_accepts() {
         .env(SCENARIO_ENV, &scenario)
         .env("RUST_LOG", "info");
     let mut agent = Running::spawn(cmd);
-    let line = agent.wait_for_log("metrics listening on ", Duration::from_secs(30));
-    let metrics_addr = line
-        .split("metrics listening on ")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_owned();
+    let metrics_addr = agent.metrics_address();
 
     // Scrape until the XIDs have come through and GPM has its two samples;
     // every value is constant, so the scrape that shows them is exact.
@@ -219,16 +213,27 @@ fn metrics_endpoint_serves_dcgm_exporter_names_that_promtool_accepts() {
             "DCGM_FI_DEV_XID_ERRORS{{{H100},err_code=\"79\",err_msg=\"GPU has fallen off the bus\"}} 79"
         )]
     );
-    // NVLink: DCGM's KiB/s / 1000 of both directions. The fake's default
-    // 40 + 36 GB/s read through 100 ms ticks, so near 74218, not exact.
-    let nvlink = series(body, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL");
-    assert_eq!(nvlink.len(), 2, "{nvlink:?}");
-    for (line, labels) in nvlink.iter().zip([H100, A100]) {
-        let value: f64 = line
-            .strip_prefix(&format!("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL{{{labels}}} "))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("{line}"));
-        assert!((value - 74_218.0).abs() <= 74_218.0 * 0.05, "{line}");
+    // NVLink: DCGM's KiB/s / 1000 of both directions, from the same tick's
+    // rates as DCGM_FI_PROF_NVLINK_{TX,RX}_BYTES (B/s). The rates themselves
+    // depend on when each tick woke, so the relation is checked exactly, and
+    // the magnitude (the fake's 40 + 36 GB/s, about 74218) loosely.
+    let value_of = |name: &str, labels: &str| -> u64 {
+        let prefix = format!("{name}{{{labels}}} ");
+        let line = series(body, name)
+            .into_iter()
+            .find(|l| l.starts_with(&prefix))
+            .unwrap_or_else(|| panic!("no {prefix}"));
+        line[prefix.len()..]
+            .parse::<f64>()
+            .unwrap_or_else(|_| panic!("{line}")) as u64
+    };
+    assert_eq!(series(body, "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL").len(), 2);
+    for labels in [H100, A100] {
+        let total = value_of("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", labels);
+        let tx = value_of("DCGM_FI_PROF_NVLINK_TX_BYTES", labels);
+        let rx = value_of("DCGM_FI_PROF_NVLINK_RX_BYTES", labels);
+        assert_eq!(total, (tx + rx) / 1024 / 1000, "{labels}");
+        assert!((50_000..100_000).contains(&total), "{total}");
     }
     for (header, kind) in [
         ("DCGM_FI_DEV_GPU_TEMP", "gauge"),
@@ -352,13 +357,7 @@ fn the_config_file_can_keep_the_capital_hostname_label() {
         .env(SCENARIO_ENV, &scenario)
         .env("RUST_LOG", "info");
     let mut agent = Running::spawn(cmd);
-    let line = agent.wait_for_log("metrics listening on ", Duration::from_secs(30));
-    let addr = line
-        .split("metrics listening on ")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_owned();
+    let addr = agent.metrics_address();
     let deadline = Instant::now() + Duration::from_secs(30);
     let body = loop {
         let body = get(&addr, "/metrics").expect("GET /metrics").body;
