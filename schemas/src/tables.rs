@@ -21,6 +21,20 @@ pub mod col {
     pub const PORT: &str = "port";
     pub const PID: &str = "pid";
     pub const JOB_ID: &str = "job_id";
+    pub const GPU_INSTANCE_ID: &str = "gpu_instance_id";
+    pub const COMPUTE_INSTANCE_ID: &str = "compute_instance_id";
+}
+
+/// Which rows of a table are one and the same: compaction keeps one row per
+/// key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowKey {
+    /// Rows equal in these columns are one sample; the other columns are
+    /// its values.
+    Columns(&'static [&'static str]),
+    /// Only rows equal in every column are the same row: the table may hold
+    /// several distinct rows for one device and time.
+    WholeRow,
 }
 
 /// A table the collector writes.
@@ -90,6 +104,25 @@ impl Table {
             Table::Job => &[col::JOB_ID, col::NODE, col::GPU, col::TS],
             Table::Node => &[col::NODE, col::TS],
             Table::Ib => &[col::NODE, col::DEVICE, col::PORT, col::TS],
+        }
+    }
+
+    /// Which rows are the same row. A MIG device's `gpu` rows share their
+    /// GPU's (node, gpu, ts) and differ in the instance ids, as do a
+    /// process's rows on two MIG devices. Events, job spans and alerts have
+    /// no key short of the whole row: two XIDs of one code on one GPU at one
+    /// time are two rows as far as anyone can tell, and a job's spans add up
+    /// across files.
+    pub fn row_key(self) -> RowKey {
+        use col::*;
+        match self {
+            Table::Gpu => RowKey::Columns(&[NODE, GPU, TS, GPU_INSTANCE_ID, COMPUTE_INSTANCE_ID]),
+            Table::GpuProcess => {
+                RowKey::Columns(&[NODE, GPU, PID, TS, GPU_INSTANCE_ID, COMPUTE_INSTANCE_ID])
+            }
+            Table::Node => RowKey::Columns(&[NODE, TS]),
+            Table::Ib => RowKey::Columns(&[NODE, DEVICE, PORT, TS]),
+            Table::Event | Table::Job | Table::Alert => RowKey::WholeRow,
         }
     }
 
@@ -678,7 +711,7 @@ mod tests {
     }
 
     #[test]
-    fn sort_keys_and_bloom_columns_exist_in_schemas() {
+    fn sort_keys_row_keys_and_bloom_columns_exist_in_schemas() {
         for table in Table::ALL {
             let schema = table.schema();
             for name in table.sort_key().iter().chain(table.bloom_filter_columns()) {
@@ -688,6 +721,19 @@ mod tests {
                 );
             }
             assert_eq!(table.sort_key().last(), Some(&col::TS), "{table}");
+            if let RowKey::Columns(key) = table.row_key() {
+                for name in key {
+                    assert!(
+                        schema.field_with_name(name).is_ok(),
+                        "{table}: no column {name}"
+                    );
+                }
+                // Rows sorted by the sort key then the rest of the key have
+                // their duplicates next to each other.
+                for name in table.sort_key() {
+                    assert!(key.contains(name), "{table}: {name} not in the row key");
+                }
+            }
         }
     }
 }
