@@ -71,13 +71,16 @@ async fn compact(args: Compact) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("maintenance of {store_spec} stopped"))?;
     println!(
-        "compacted {} hours ({} files, {} rows, {} bytes -> {} files, {} bytes; {} hours changed meanwhile, left for the next run); deleted {} partitions past retention in {store_spec}",
+        "compacted {} hours ({} files, {} rows, {} bytes -> {} files, {} rows, {} bytes; {} duplicate rows removed, {} of them with values differing from the row kept; {} hours changed meanwhile, left for the next run); deleted {} partitions past retention in {store_spec}",
         compacted.hours,
         compacted.files_in,
         compacted.rows,
         compacted.bytes_in,
         compacted.files_out,
+        compacted.rows - compacted.duplicates,
         compacted.bytes_out,
+        compacted.duplicates,
+        compacted.duplicates_differing,
         compacted.hours_skipped,
         deleted.partitions,
     );

@@ -6,7 +6,11 @@
 //! What each column accepts is declared with the table in `gputel_schemas`;
 //! this module adds what concerns a batch as a whole.
 
-use gputel_proto::{Batch, Hello};
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::hash::Hash;
+
+use gputel_proto::{Batch, GpuSample, Hello, IbPortSample, NodeSample};
 pub use gputel_schemas::column::{MAX_DETAIL_BYTES, MAX_FUTURE_US, MAX_VALUE_BYTES, MIN_TS_US};
 use gputel_schemas::{
     ColumnError, EventRows, GpuProcessRows, GpuRows, IbRows, NodeRows, RowContext, Table,
@@ -28,6 +32,16 @@ pub enum ValidationError {
     ZeroSeq,
     #[error("batch has {rows} rows, more than the limit of {MAX_BATCH_ROWS}")]
     TooManyRows { rows: usize },
+    #[error(
+        "{table} rows {first} and {second} repeat one key ({key}): a batch holds one row per {per} and tick"
+    )]
+    DuplicateKey {
+        table: &'static str,
+        first: usize,
+        second: usize,
+        key: String,
+        per: &'static str,
+    },
     #[error(transparent)]
     Column(#[from] ColumnError),
 }
@@ -88,7 +102,75 @@ pub fn validate_batch(batch: &Batch, now_us: i64) -> Result<ValidBatch<'_>, Vali
         now_us,
         GpuProcessRows::check,
     )?;
+    unique_keys(Table::Gpu, &batch.gpu, "GPU or MIG device", gpu_key, |k| {
+        let opt = |v: Option<u32>| v.map_or("null".to_owned(), |v| v.to_string());
+        format!(
+            "gpu {}, gpu_instance_id {}, compute_instance_id {}, ts {}",
+            k.0,
+            opt(k.1),
+            opt(k.2),
+            k.3
+        )
+    })?;
+    unique_keys(Table::Node, &batch.node, "node", node_key, |ts| {
+        format!("ts {ts}")
+    })?;
+    unique_keys(Table::Ib, &batch.ib, "InfiniBand port", ib_key, |k| {
+        format!("device {}, port {}, ts {}", k.0, k.1, k.2)
+    })?;
     Ok(ValidBatch(batch))
+}
+
+// A batch's rows all belong to its agent's node, so a row's key within a
+// batch is its table's key (`Table::row_key`) without the node. Events and
+// processes are not checked: two events may be the same in every column,
+// and compaction decides what is a duplicate there.
+
+/// A GPU row's key: a MIG device's rows share their GPU's index and tick
+/// and differ in the instance ids.
+fn gpu_key(s: &GpuSample) -> (u32, Option<u32>, Option<u32>, i64) {
+    (s.gpu, s.gpu_instance_id, s.compute_instance_id, s.ts_us)
+}
+
+fn node_key(s: &NodeSample) -> i64 {
+    s.ts_us
+}
+
+fn ib_key(s: &IbPortSample) -> (&str, u32, i64) {
+    (s.device.as_str(), s.port, s.ts_us)
+}
+
+/// Refuses a batch holding two rows of one table with the same key: an
+/// agent samples each GPU, node and port once per tick, so a repeated key
+/// is a broken or hostile sender, and storing both would count it twice.
+fn unique_keys<'a, S, K: Hash + Eq>(
+    table: Table,
+    rows: &'a [S],
+    per: &'static str,
+    key: impl Fn(&'a S) -> K,
+    describe: impl Fn(&K) -> String,
+) -> Result<(), ValidationError> {
+    if rows.len() < 2 {
+        return Ok(());
+    }
+    let mut seen = HashMap::with_capacity(rows.len());
+    for (row, s) in rows.iter().enumerate() {
+        match seen.entry(key(s)) {
+            Entry::Vacant(v) => {
+                v.insert(row);
+            }
+            Entry::Occupied(o) => {
+                return Err(ValidationError::DuplicateKey {
+                    table: table.name(),
+                    first: *o.get(),
+                    second: row,
+                    key: describe(o.key()),
+                    per,
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Checks each row with its table's declared column checks. The node name
@@ -281,6 +363,126 @@ mod tests {
                 rows: MAX_BATCH_ROWS + 2
             }
         );
+    }
+
+    /// Shares, loads, rates and powers cannot be negative: the refusal
+    /// names the row and column, as for any other bad value.
+    #[test]
+    fn negative_shares_rates_and_loads_are_refused() {
+        let mut b = batch();
+        b.node.push(NodeSample {
+            ts_us: NOW + 1_000_000,
+            cpu_system_pct: Some(-0.5),
+            ..b.node[0].clone()
+        });
+        assert_eq!(
+            validate_batch(&b, NOW).unwrap_err().to_string(),
+            "node row 1: cpu_system_pct is negative"
+        );
+
+        let mut b = batch();
+        b.node[0].load15 = Some(-1.0);
+        assert_eq!(
+            validate_batch(&b, NOW).unwrap_err().to_string(),
+            "node row 0: load15 is negative"
+        );
+
+        let mut b = batch();
+        b.ib[0].rcv_bytes_per_s = Some(-4096.0);
+        assert_eq!(
+            validate_batch(&b, NOW).unwrap_err().to_string(),
+            "ib row 0: rcv_bytes_per_s is negative"
+        );
+
+        let mut b = batch();
+        b.gpu[0].tensor_active_pct = Some(-f32::MIN_POSITIVE);
+        assert_eq!(
+            validate_batch(&b, NOW).unwrap_err().to_string(),
+            "gpu row 0: tensor_active_pct is negative"
+        );
+
+        // Zero, negative zero included, is a valid share and rate.
+        let mut b = batch();
+        b.node[0].cpu_iowait_pct = Some(-0.0);
+        b.ib[0].xmit_bytes_per_s = Some(0.0);
+        assert!(validate_batch(&b, NOW).is_ok());
+    }
+
+    /// Two rows of one GPU, node or port at one tick are refused with both
+    /// row numbers and the key; MIG devices of one GPU are distinct rows.
+    #[test]
+    fn a_key_repeated_within_a_batch_is_refused() {
+        let mut b = batch();
+        let second = GpuSample {
+            gpu: 1,
+            uuid: "GPU-2".into(),
+            ..b.gpu[0].clone()
+        };
+        b.gpu.push(second);
+        b.gpu.push(GpuSample {
+            temperature_c: Some(41),
+            ..b.gpu[0].clone()
+        });
+        assert_eq!(
+            validate_batch(&b, NOW).unwrap_err().to_string(),
+            format!(
+                "gpu rows 0 and 2 repeat one key (gpu 0, gpu_instance_id null, compute_instance_id null, ts {NOW}): a batch holds one row per GPU or MIG device and tick"
+            )
+        );
+
+        // A GPU's row and its two MIG devices' rows share (gpu, ts).
+        let mut b = batch();
+        let mig = |gi: u32, ci: u32| GpuSample {
+            gpu_instance_id: Some(gi),
+            compute_instance_id: Some(ci),
+            ..b.gpu[0].clone()
+        };
+        let (mig_a, mig_b) = (mig(1, 0), mig(2, 0));
+        b.gpu.extend([mig_a.clone(), mig_b]);
+        assert!(validate_batch(&b, NOW).is_ok());
+        b.gpu.push(mig_a);
+        assert_eq!(
+            validate_batch(&b, NOW).unwrap_err().to_string(),
+            format!(
+                "gpu rows 1 and 3 repeat one key (gpu 0, gpu_instance_id 1, compute_instance_id 0, ts {NOW}): a batch holds one row per GPU or MIG device and tick"
+            )
+        );
+
+        let mut b = batch();
+        b.node.push(NodeSample {
+            ts_us: NOW + 1_000_000,
+            ..b.node[0].clone()
+        });
+        assert!(validate_batch(&b, NOW).is_ok());
+        b.node.push(b.node[1].clone());
+        assert_eq!(
+            validate_batch(&b, NOW).unwrap_err().to_string(),
+            format!(
+                "node rows 1 and 2 repeat one key (ts {}): a batch holds one row per node and tick",
+                NOW + 1_000_000
+            )
+        );
+
+        let mut b = batch();
+        let port = |device: &str, port: u32| IbPortSample {
+            device: device.into(),
+            port,
+            ..b.ib[0].clone()
+        };
+        let ports = [port("mlx5_0", 2), port("mlx5_1", 1), port("mlx5_0", 1)];
+        b.ib.extend(ports);
+        assert_eq!(
+            validate_batch(&b, NOW).unwrap_err(),
+            ValidationError::DuplicateKey {
+                table: "ib",
+                first: 0,
+                second: 3,
+                key: format!("device mlx5_0, port 1, ts {NOW}"),
+                per: "InfiniBand port",
+            }
+        );
+        b.ib.pop();
+        assert!(validate_batch(&b, NOW).is_ok());
     }
 
     #[test]

@@ -108,6 +108,16 @@ impl RowContext {
             Err(self.fail(field, "not a finite number"))
         }
     }
+
+    /// A finite number of at least zero (-0.0 counts as zero).
+    fn non_negative(self, field: &'static str, v: f64) -> Result<(), ColumnError> {
+        self.finite(field, v)?;
+        if v < 0.0 {
+            Err(self.fail(field, "negative"))
+        } else {
+            Ok(())
+        }
+    }
 }
 
 /// One kind of column. `Value` is what a row gives it; the check runs on
@@ -381,13 +391,22 @@ number_kind!(
     store: |v| Some(v)
 );
 number_kind!(
-    /// An optional 32-bit float; NaN and infinities are refused.
-    OptF32(Option<f32>) => DataType::Float32, Float32Builder, nullable: true,
-    check: |row, name, v| v.map_or(Ok(()), |v| row.finite(name, f64::from(v))),
+    /// An optional 32-bit float that cannot be negative (a share in percent,
+    /// a load average); NaN, infinities and negative numbers are refused.
+    OptNonNegF32(Option<f32>) => DataType::Float32, Float32Builder, nullable: true,
+    check: |row, name, v| v.map_or(Ok(()), |v| row.non_negative(name, f64::from(v))),
     store: |v| v
 );
 number_kind!(
-    /// An optional 64-bit float; NaN and infinities are refused.
+    /// An optional 64-bit float that cannot be negative (a rate, a power);
+    /// NaN, infinities and negative numbers are refused.
+    OptNonNegF64(Option<f64>) => DataType::Float64, Float64Builder, nullable: true,
+    check: |row, name, v| v.map_or(Ok(()), |v| row.non_negative(name, v)),
+    store: |v| v
+);
+number_kind!(
+    /// An optional 64-bit float of either sign (an alert rule's threshold);
+    /// NaN and infinities are refused.
     OptF64(Option<f64>) => DataType::Float64, Float64Builder, nullable: true,
     check: |row, name, v| v.map_or(Ok(()), |v| row.finite(name, v)),
     store: |v| v

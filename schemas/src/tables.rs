@@ -7,9 +7,9 @@ use gputel_proto::clock_event_reasons as reason;
 use gputel_proto::{AlertRow, GpuEvent, GpuProcess, GpuSample, IbPortSample, NodeSample};
 
 use crate::column::{
-    ColumnError, ColumnKind, EventKindName, I64, Label, LabelList, OptBool, OptF32, OptF64,
-    OptLabel, OptU32, OptU32Wide, OptU64, OtherTimestamp, RowContext, Text, Timestamp, U32, U64,
-    flag,
+    ColumnError, ColumnKind, EventKindName, I64, Label, LabelList, OptBool, OptF64, OptLabel,
+    OptNonNegF32, OptNonNegF64, OptU32, OptU32Wide, OptU64, OtherTimestamp, RowContext, Text,
+    Timestamp, U32, U64, flag,
 };
 
 /// Column names shared by several tables.
@@ -21,6 +21,20 @@ pub mod col {
     pub const PORT: &str = "port";
     pub const PID: &str = "pid";
     pub const JOB_ID: &str = "job_id";
+    pub const GPU_INSTANCE_ID: &str = "gpu_instance_id";
+    pub const COMPUTE_INSTANCE_ID: &str = "compute_instance_id";
+}
+
+/// Which rows of a table are one and the same: compaction keeps one row per
+/// key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowKey {
+    /// Rows equal in these columns are one sample; the other columns are
+    /// its values.
+    Columns(&'static [&'static str]),
+    /// Only rows equal in every column are the same row: the table may hold
+    /// several distinct rows for one device and time.
+    WholeRow,
 }
 
 /// A table the collector writes.
@@ -90,6 +104,25 @@ impl Table {
             Table::Job => &[col::JOB_ID, col::NODE, col::GPU, col::TS],
             Table::Node => &[col::NODE, col::TS],
             Table::Ib => &[col::NODE, col::DEVICE, col::PORT, col::TS],
+        }
+    }
+
+    /// Which rows are the same row. A MIG device's `gpu` rows share their
+    /// GPU's (node, gpu, ts) and differ in the instance ids, as do a
+    /// process's rows on two MIG devices. Events, job spans and alerts have
+    /// no key short of the whole row: two XIDs of one code on one GPU at one
+    /// time are two rows as far as anyone can tell, and a job's spans add up
+    /// across files.
+    pub fn row_key(self) -> RowKey {
+        use col::*;
+        match self {
+            Table::Gpu => RowKey::Columns(&[NODE, GPU, TS, GPU_INSTANCE_ID, COMPUTE_INSTANCE_ID]),
+            Table::GpuProcess => {
+                RowKey::Columns(&[NODE, GPU, PID, TS, GPU_INSTANCE_ID, COMPUTE_INSTANCE_ID])
+            }
+            Table::Node => RowKey::Columns(&[NODE, TS]),
+            Table::Ib => RowKey::Columns(&[NODE, DEVICE, PORT, TS]),
+            Table::Event | Table::Job | Table::Alert => RowKey::WholeRow,
         }
     }
 
@@ -179,11 +212,11 @@ table!(
         fb_free_bytes: OptU64 = s.fb_free_bytes,
         fb_total_bytes: OptU64 = s.fb_total_bytes,
         fb_reserved_bytes: OptU64 = s.fb_reserved_bytes,
-        sm_active_pct: OptF32 = s.sm_active_pct,
-        sm_occupancy_pct: OptF32 = s.sm_occupancy_pct,
-        tensor_active_pct: OptF32 = s.tensor_active_pct,
-        dram_active_pct: OptF32 = s.dram_active_pct,
-        gr_engine_active_pct: OptF32 = s.gr_engine_active_pct,
+        sm_active_pct: OptNonNegF32 = s.sm_active_pct,
+        sm_occupancy_pct: OptNonNegF32 = s.sm_occupancy_pct,
+        tensor_active_pct: OptNonNegF32 = s.tensor_active_pct,
+        dram_active_pct: OptNonNegF32 = s.dram_active_pct,
+        gr_engine_active_pct: OptNonNegF32 = s.gr_engine_active_pct,
         power_limit_mw: OptU32Wide = s.power_limit_mw,
         power_avg_mw: OptU32Wide = s.power_avg_mw,
         clock_event_reasons: OptU64 = s.clock_event_reasons,
@@ -234,21 +267,21 @@ table!(
         ts: Timestamp = s.ts_us,
         node: Label = node,
         cpu_count: U32 = s.cpu_count,
-        cpu_user_pct: OptF32 = s.cpu_user_pct,
-        cpu_system_pct: OptF32 = s.cpu_system_pct,
-        cpu_iowait_pct: OptF32 = s.cpu_iowait_pct,
-        cpu_idle_pct: OptF32 = s.cpu_idle_pct,
+        cpu_user_pct: OptNonNegF32 = s.cpu_user_pct,
+        cpu_system_pct: OptNonNegF32 = s.cpu_system_pct,
+        cpu_iowait_pct: OptNonNegF32 = s.cpu_iowait_pct,
+        cpu_idle_pct: OptNonNegF32 = s.cpu_idle_pct,
         memory_total_bytes: OptU64 = s.memory_total_bytes,
         memory_used_bytes: OptU64 = s.memory_used_bytes,
         memory_available_bytes: OptU64 = s.memory_available_bytes,
-        load1: OptF32 = s.load1,
-        load5: OptF32 = s.load5,
-        load15: OptF32 = s.load15,
+        load1: OptNonNegF32 = s.load1,
+        load5: OptNonNegF32 = s.load5,
+        load15: OptNonNegF32 = s.load15,
         jobs: LabelList = s.jobs.as_slice(),
         cpu_package_energy_uj: OptU64 = s.cpu_package_energy_uj,
         dram_energy_uj: OptU64 = s.dram_energy_uj,
-        cpu_package_power_w: OptF64 = s.cpu_package_power_w,
-        dram_power_w: OptF64 = s.dram_power_w,
+        cpu_package_power_w: OptNonNegF64 = s.cpu_package_power_w,
+        dram_power_w: OptNonNegF64 = s.dram_power_w,
     }
 );
 
@@ -262,15 +295,15 @@ table!(
         state: Label = s.state.as_str(),
         phys_state: OptLabel = s.phys_state.as_deref(),
         link_layer: OptLabel = s.link_layer.as_deref(),
-        rate_gbps: OptF64 = s.rate_gbps,
+        rate_gbps: OptNonNegF64 = s.rate_gbps,
         xmit_bytes: OptU64 = s.xmit_bytes,
         rcv_bytes: OptU64 = s.rcv_bytes,
         xmit_packets: OptU64 = s.xmit_packets,
         rcv_packets: OptU64 = s.rcv_packets,
-        xmit_bytes_per_s: OptF64 = s.xmit_bytes_per_s,
-        rcv_bytes_per_s: OptF64 = s.rcv_bytes_per_s,
-        xmit_packets_per_s: OptF64 = s.xmit_packets_per_s,
-        rcv_packets_per_s: OptF64 = s.rcv_packets_per_s,
+        xmit_bytes_per_s: OptNonNegF64 = s.xmit_bytes_per_s,
+        rcv_bytes_per_s: OptNonNegF64 = s.rcv_bytes_per_s,
+        xmit_packets_per_s: OptNonNegF64 = s.xmit_packets_per_s,
+        rcv_packets_per_s: OptNonNegF64 = s.rcv_packets_per_s,
         unicast_xmit_packets: OptU64 = s.unicast_xmit_packets,
         unicast_rcv_packets: OptU64 = s.unicast_rcv_packets,
         multicast_xmit_packets: OptU64 = s.multicast_xmit_packets,
@@ -566,8 +599,119 @@ mod tests {
         );
     }
 
+    /// Every float column of the tables agents write is a share, load, rate
+    /// or power: each refuses a negative value by its kind. The list must
+    /// name every float column, so a new one is declared with a kind on purpose.
     #[test]
-    fn sort_keys_and_bloom_columns_exist_in_schemas() {
+    fn float_columns_of_agent_tables_refuse_negative_values() {
+        use arrow_schema::DataType;
+        /// A column's name and its field in the protocol row.
+        type Column<S, V> = (&'static str, fn(&mut S) -> &mut Option<V>);
+
+        let now_us = 1_795_240_800_000_000;
+        let row = |table| RowContext {
+            table,
+            row: 3,
+            now_us,
+        };
+        let gpu = GpuSample {
+            ts_us: now_us,
+            uuid: "GPU-1".into(),
+            model: "NVIDIA H100 80GB HBM3".into(),
+            ..Default::default()
+        };
+        let node = NodeSample {
+            ts_us: now_us,
+            ..Default::default()
+        };
+        let ib = IbPortSample {
+            ts_us: now_us,
+            device: "mlx5_0".into(),
+            port: 1,
+            state: "ACTIVE".into(),
+            ..Default::default()
+        };
+        let mut refused: Vec<(&str, String)> = Vec::new();
+        let gpu_columns: [Column<GpuSample, f32>; 5] = [
+            ("sm_active_pct", |s| &mut s.sm_active_pct),
+            ("sm_occupancy_pct", |s| &mut s.sm_occupancy_pct),
+            ("tensor_active_pct", |s| &mut s.tensor_active_pct),
+            ("dram_active_pct", |s| &mut s.dram_active_pct),
+            ("gr_engine_active_pct", |s| &mut s.gr_engine_active_pct),
+        ];
+        for (name, field) in gpu_columns {
+            let mut bad = gpu.clone();
+            *field(&mut bad) = Some(-1.0);
+            let err = GpuRows::check(row("gpu"), "n1", &bad).expect_err(name);
+            refused.push(("gpu", err.to_string()));
+        }
+        let node_f32: [Column<NodeSample, f32>; 7] = [
+            ("cpu_user_pct", |s| &mut s.cpu_user_pct),
+            ("cpu_system_pct", |s| &mut s.cpu_system_pct),
+            ("cpu_iowait_pct", |s| &mut s.cpu_iowait_pct),
+            ("cpu_idle_pct", |s| &mut s.cpu_idle_pct),
+            ("load1", |s| &mut s.load1),
+            ("load5", |s| &mut s.load5),
+            ("load15", |s| &mut s.load15),
+        ];
+        for (name, field) in node_f32 {
+            let mut bad = node.clone();
+            *field(&mut bad) = Some(-0.25);
+            let err = NodeRows::check(row("node"), "n1", &bad).expect_err(name);
+            refused.push(("node", err.to_string()));
+        }
+        let node_f64: [Column<NodeSample, f64>; 2] = [
+            ("cpu_package_power_w", |s| &mut s.cpu_package_power_w),
+            ("dram_power_w", |s| &mut s.dram_power_w),
+        ];
+        for (name, field) in node_f64 {
+            let mut bad = node.clone();
+            *field(&mut bad) = Some(-12.5);
+            let err = NodeRows::check(row("node"), "n1", &bad).expect_err(name);
+            refused.push(("node", err.to_string()));
+        }
+        let ib_columns: [Column<IbPortSample, f64>; 5] = [
+            ("rate_gbps", |s| &mut s.rate_gbps),
+            ("xmit_bytes_per_s", |s| &mut s.xmit_bytes_per_s),
+            ("rcv_bytes_per_s", |s| &mut s.rcv_bytes_per_s),
+            ("xmit_packets_per_s", |s| &mut s.xmit_packets_per_s),
+            ("rcv_packets_per_s", |s| &mut s.rcv_packets_per_s),
+        ];
+        for (name, field) in ib_columns {
+            let mut bad = ib.clone();
+            *field(&mut bad) = Some(-1e9);
+            let err = IbRows::check(row("ib"), "n1", &bad).expect_err(name);
+            refused.push(("ib", err.to_string()));
+        }
+
+        // The float columns the schemas declare, as messages the checks give.
+        let expected: Vec<(&str, String)> = [Table::Gpu, Table::Node, Table::Ib]
+            .into_iter()
+            .flat_map(|table| {
+                table
+                    .schema()
+                    .fields()
+                    .iter()
+                    .filter(|f| matches!(f.data_type(), DataType::Float32 | DataType::Float64))
+                    .map(|f| {
+                        (
+                            table.name(),
+                            format!("{table} row 3: {} is negative", f.name()),
+                        )
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        assert_eq!(expected.len(), 19);
+        assert_eq!(refused, expected);
+        // The same rows with zero in those columns pass.
+        assert_eq!(GpuRows::check(row("gpu"), "n1", &gpu), Ok(()));
+        assert_eq!(NodeRows::check(row("node"), "n1", &node), Ok(()));
+        assert_eq!(IbRows::check(row("ib"), "n1", &ib), Ok(()));
+    }
+
+    #[test]
+    fn sort_keys_row_keys_and_bloom_columns_exist_in_schemas() {
         for table in Table::ALL {
             let schema = table.schema();
             for name in table.sort_key().iter().chain(table.bloom_filter_columns()) {
@@ -577,6 +721,19 @@ mod tests {
                 );
             }
             assert_eq!(table.sort_key().last(), Some(&col::TS), "{table}");
+            if let RowKey::Columns(key) = table.row_key() {
+                for name in key {
+                    assert!(
+                        schema.field_with_name(name).is_ok(),
+                        "{table}: no column {name}"
+                    );
+                }
+                // Rows sorted by the sort key then the rest of the key have
+                // their duplicates next to each other.
+                for name in table.sort_key() {
+                    assert!(key.contains(name), "{table}: {name} not in the row key");
+                }
+            }
         }
     }
 }

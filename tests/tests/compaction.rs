@@ -1,7 +1,8 @@
 //! `gputel-collector compact` on a local store: the many small files of a
 //! closed hour become one, DuckDB finds the same rows and keys before and
 //! after, queries running during the compaction never see a row twice or
-//! miss one, and late rows flushed into a compacted hour are kept once.
+//! miss one, late rows flushed into a compacted hour are kept once, and rows
+//! stored twice (two collectors after a failover) are kept once per key.
 
 use std::path::Path;
 use std::process::Command;
@@ -249,5 +250,163 @@ fn compaction_keeps_every_row_once_even_for_concurrent_readers() {
     assert_eq!(
         serde_json::to_string(&duckdb(tmp.path(), &sql)).unwrap(),
         serde_json::to_string(&total).unwrap()
+    );
+}
+
+/// Rows, keys and keys held by more than one row of a table.
+fn key_counts(dir: &Path, store: &Path, table: &str, key: &str) -> serde_json::Value {
+    let scan = format!("read_parquet('{}/{table}/**/*.parquet')", store.display());
+    let counts = duckdb(
+        dir,
+        &format!(
+            "select (select count(*) from {scan}) as rows, count(*) as keys, \
+             count(*) filter (where n > 1) as repeated \
+             from (select count(*) as n from {scan} group by {key})"
+        ),
+    );
+    serde_json::Value::Object(counts[0].clone())
+}
+
+/// Two collectors stored an overlapping stretch of one node's rows (an
+/// agent failed over from one to the other and resent what the first had
+/// not acknowledged): 30 of 120 `gpu` rows and 5 of 20 `node` rows are
+/// there twice. Compaction keeps one row per key, the row of the file whose
+/// name sorts last where two differ, keeps both MIG devices' rows beside
+/// their GPU's, and counts what it dropped in its summary.
+#[test]
+fn compaction_keeps_one_row_per_key() {
+    use gputel_collector::buffer::WriteBuffer;
+    use gputel_collector::persist::write_file;
+    use gputel_collector::store::open_store;
+    use gputel_collector::validate::validate_batch;
+    use gputel_proto::{Batch, GpuSample, NodeSample};
+    use gputel_schemas::PartitionPath;
+
+    // 2026-01-01T06:00:00Z: a closed hour.
+    const T0: i64 = 1_767_247_200_000_000;
+    const S: i64 = 1_000_000;
+    let tmp = tempfile::tempdir().unwrap();
+    let store_dir = tmp.path().join("store");
+    std::fs::create_dir_all(&store_dir).unwrap();
+    let store = open_store(store_dir.to_str().unwrap(), &Default::default()).unwrap();
+
+    // Ticks `ticks` of node n1: GPUs 0 to 3, two MIG devices on GPU 0.
+    // `hot` raises GPU 3's temperature: the same key with other values.
+    let rows = |ticks: std::ops::Range<i64>, hot: bool| {
+        let mut batch = Batch {
+            seq: 1,
+            ..Default::default()
+        };
+        for t in ticks {
+            let ts_us = T0 + t * S;
+            for gpu in 0..4 {
+                batch.gpu.push(GpuSample {
+                    ts_us,
+                    gpu,
+                    uuid: format!("GPU-{gpu}"),
+                    model: "NVIDIA A100-SXM4-80GB".into(),
+                    temperature_c: Some(if hot && gpu == 3 { 90 } else { 40 + gpu }),
+                    mig_mode: Some(gpu == 0),
+                    ..Default::default()
+                });
+            }
+            for instance in [1, 2] {
+                batch.gpu.push(GpuSample {
+                    ts_us,
+                    gpu: 0,
+                    uuid: "GPU-0".into(),
+                    model: "NVIDIA A100-SXM4-80GB MIG 3g.40gb".into(),
+                    gpu_instance_id: Some(instance),
+                    compute_instance_id: Some(0),
+                    mig_uuid: Some(format!("MIG-{instance}")),
+                    ..Default::default()
+                });
+            }
+            batch.node.push(NodeSample {
+                ts_us,
+                cpu_count: 64,
+                cpu_user_pct: Some(25.0),
+                ..Default::default()
+            });
+        }
+        let mut buffer = WriteBuffer::default();
+        buffer.append("n1", validate_batch(&batch, T0).expect("a valid batch"));
+        buffer.take().expect("rows fit their schemas")
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // The first collector's ticks 0 to 9, the second's 5 to 14.
+    for (stem, ticks, hot) in [
+        ("a1-0000000000000001", 0..10, false),
+        ("b2-0000000000000001", 5..15, true),
+    ] {
+        for (table, key, batch) in rows(ticks, hot) {
+            let path = PartitionPath::new(table, key, stem).expect("a valid stem");
+            runtime
+                .block_on(write_file(&store, &path, &batch))
+                .expect("write a file");
+        }
+    }
+
+    let gpu_key = "node, gpu, gpu_instance_id, compute_instance_id, ts";
+    let counts = |table: &str, key: &str| key_counts(tmp.path(), &store_dir, table, key);
+    assert_eq!(
+        counts("gpu", gpu_key),
+        json!({"rows": 120, "keys": 90, "repeated": 30})
+    );
+    assert_eq!(
+        counts("node", "node, ts"),
+        json!({"rows": 20, "keys": 15, "repeated": 5})
+    );
+
+    let summary = compact(&store_dir);
+    assert!(
+        summary.starts_with("compacted 2 hours (4 files, 140 rows, "),
+        "{summary}"
+    );
+    assert!(summary.contains(" -> 2 files, 105 rows, "), "{summary}");
+    assert!(
+        summary.contains("; 35 duplicate rows removed, 5 of them with values differing from the row kept; 0 hours changed meanwhile"),
+        "{summary}"
+    );
+
+    assert_eq!(
+        counts("gpu", gpu_key),
+        json!({"rows": 90, "keys": 90, "repeated": 0})
+    );
+    assert_eq!(
+        counts("node", "node, ts"),
+        json!({"rows": 15, "keys": 15, "repeated": 0})
+    );
+    // Both MIG devices at every tick, beside GPU 0's own row; GPU 3's
+    // temperature at the ticks both files held is the second file's.
+    let scan = format!("read_parquet('{}/gpu/**/*.parquet')", store_dir.display());
+    assert_eq!(
+        duckdb(
+            tmp.path(),
+            &format!(
+                "select gpu_instance_id as gi, count(*) as n from {scan} \
+                 where gpu = 0 group by gi order by gi nulls first"
+            )
+        ),
+        [
+            json!({"gi": null, "n": 15}),
+            json!({"gi": 1, "n": 15}),
+            json!({"gi": 2, "n": 15}),
+        ]
+        .map(|v| v.as_object().unwrap().clone())
+    );
+    assert_eq!(
+        duckdb(
+            tmp.path(),
+            &format!(
+                "select temperature_c as c, count(*) as n from {scan} \
+                 where gpu = 3 group by c order by c"
+            )
+        ),
+        [json!({"c": 43, "n": 5}), json!({"c": 90, "n": 10})]
+            .map(|v| v.as_object().unwrap().clone())
     );
 }

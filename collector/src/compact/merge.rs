@@ -1,5 +1,14 @@
 //! Reading the files of an hour and merging them into one sorted file.
 
+use std::sync::Arc;
+
+use arrow_array::{Array, UInt32Array};
+use arrow_ord::ord::{DynComparator, make_comparator};
+use arrow_ord::sort::{SortColumn, lexsort_to_indices};
+use arrow_schema::{Schema, SortOptions};
+use arrow_select::take::take_record_batch;
+use gputel_schemas::RowKey;
+
 use super::*;
 
 pub(super) async fn read(store: &dyn ObjectStore, name: &str) -> Result<Bytes, CompactError> {
@@ -65,7 +74,7 @@ pub(super) fn merge(
     let schema = table.schema();
     let all = arrow_select::concat::concat_batches(&schema, group.iter()).map_err(merge_err)?;
     drop(group);
-    let sorted = sort_rows(table, &all).map_err(merge_err)?;
+    let (sorted, duplicates) = sort_unique(table, &all).map_err(merge_err)?;
     drop(all);
     let name = format!("{hour}/compacted");
     let bytes = encode_with(
@@ -78,7 +87,117 @@ pub(super) fn merge(
         "{COMPACTED_PREFIX}{:016x}",
         XxHash64::oneshot(0, stems.join("/").as_bytes())
     );
-    Ok(Output { stem, bytes })
+    Ok(Output {
+        stem,
+        bytes,
+        duplicates,
+    })
+}
+
+/// Rows a merge left out because another row had their key.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Duplicates {
+    /// Rows dropped.
+    pub removed: usize,
+    /// Of those, rows whose other columns differed from the row kept.
+    pub differing: usize,
+}
+
+/// The positions of the columns rows are sorted and compared by: the table's
+/// sort key, then the rest of its row key (every other column for
+/// [`RowKey::WholeRow`]).
+fn key_columns(table: Table, schema: &Schema) -> Result<Vec<usize>, ArrowError> {
+    let mut key = Vec::new();
+    let rest: Vec<usize> = match table.row_key() {
+        RowKey::Columns(names) => names
+            .iter()
+            .map(|name| schema.index_of(name))
+            .collect::<Result<_, _>>()?,
+        RowKey::WholeRow => (0..schema.fields().len()).collect(),
+    };
+    for name in table.sort_key() {
+        key.push(schema.index_of(name)?);
+    }
+    for i in rest {
+        if !key.contains(&i) {
+            key.push(i);
+        }
+    }
+    Ok(key)
+}
+
+/// Sorts the rows of `batch` by the table's sort key and keeps one row per
+/// row key: the last one in `batch`, which holds the merged files in name
+/// order, so the row of the file whose name sorts last wins, the same one
+/// in every run. The rows stay sorted by the sort key.
+pub(super) fn sort_unique(
+    table: Table,
+    batch: &RecordBatch,
+) -> Result<(RecordBatch, Duplicates), ArrowError> {
+    let rows = u32::try_from(batch.num_rows()).map_err(|_| {
+        ArrowError::ComputeError(format!("{} rows are too many to sort", batch.num_rows()))
+    })?;
+    let schema = batch.schema();
+    let key = key_columns(table, &schema)?;
+    // The position breaks ties, so that equal keys are in batch order.
+    let mut sort_columns: Vec<SortColumn> = key
+        .iter()
+        .map(|&i| SortColumn {
+            values: Arc::clone(batch.column(i)),
+            options: None,
+        })
+        .collect();
+    sort_columns.push(SortColumn {
+        values: Arc::new(UInt32Array::from_iter_values(0..rows)),
+        options: None,
+    });
+    let sorted = lexsort_to_indices(&sort_columns, None)?;
+    drop(sort_columns);
+    let order = sorted.values();
+
+    let comparators = |columns: &mut dyn Iterator<Item = usize>| {
+        columns
+            .map(|i| {
+                let column: &dyn Array = batch.column(i).as_ref();
+                make_comparator(column, column, SortOptions::default())
+            })
+            .collect::<Result<Vec<DynComparator>, ArrowError>>()
+    };
+    let same = |compare: &[DynComparator], a: u32, b: u32| {
+        compare.iter().all(|c| c(a as usize, b as usize).is_eq())
+    };
+    let by_key = comparators(&mut key.iter().copied())?;
+    // The other columns, compared only when a key repeats.
+    let mut by_value: Option<Vec<DynComparator>> = None;
+    let mut duplicates = Duplicates::default();
+    let mut keep: Vec<u32> = Vec::with_capacity(order.len());
+    let mut start = 0;
+    while start < order.len() {
+        let mut end = start + 1;
+        while end < order.len() && same(&by_key, order[start], order[end]) {
+            end += 1;
+        }
+        let kept = order[end - 1];
+        keep.push(kept);
+        if end - start > 1 {
+            let by_value = match &mut by_value {
+                Some(c) => c,
+                None => by_value.insert(comparators(
+                    &mut (0..schema.fields().len()).filter(|i| !key.contains(i)),
+                )?),
+            };
+            for &dropped in &order[start..end - 1] {
+                duplicates.removed += 1;
+                if !same(by_value, dropped, kept) {
+                    duplicates.differing += 1;
+                }
+            }
+        }
+        start = end;
+    }
+    drop(sorted);
+    let unique = take_record_batch(batch, &UInt32Array::from(keep))?;
+    Ok((unique, duplicates))
 }
 
 /// [`merge`] on the blocking threads: sorting and encoding up to
@@ -91,4 +210,121 @@ pub(super) async fn merge_off_runtime(
 ) -> Result<Output, CompactError> {
     let hour = hour.to_owned();
     off_runtime(move || merge(table, &hour, group, &stems)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::{Int32Type, Int64Type, TimestampMicrosecondType};
+    use gputel_proto::{EventKind, GpuEvent, GpuSample};
+    use gputel_schemas::{EventRows, GpuRows};
+
+    use super::*;
+
+    const T0: i64 = 1_795_240_800_000_000;
+    const S: i64 = 1_000_000;
+
+    fn gpu(gpu: u32, ts_us: i64, mig: Option<u32>, temperature_c: u32) -> GpuSample {
+        GpuSample {
+            ts_us,
+            gpu,
+            uuid: format!("GPU-{gpu}"),
+            model: "NVIDIA A100-SXM4-80GB".into(),
+            temperature_c: Some(temperature_c),
+            gpu_instance_id: mig,
+            compute_instance_id: mig.map(|_| 0),
+            ..Default::default()
+        }
+    }
+
+    /// Two files' gpu rows, the second repeating some of the first: an exact
+    /// copy, a row with another temperature, and a MIG device's row. The
+    /// GPU's row and its two MIG devices' rows at one tick are three keys.
+    #[test]
+    fn one_row_per_key_is_kept_the_last_files_and_mig_rows_stay_apart() {
+        let first = [
+            gpu(0, T0, None, 40),
+            gpu(0, T0 + S, None, 41),
+            gpu(1, T0, None, 50),
+            gpu(0, T0, Some(1), 40),
+            gpu(0, T0, Some(2), 40),
+        ];
+        let second = [
+            gpu(0, T0 + S, None, 41),
+            gpu(1, T0, None, 55),
+            gpu(0, T0, Some(1), 40),
+            gpu(0, T0 + 2 * S, None, 42),
+        ];
+        let mut rows = GpuRows::default();
+        for s in first.iter().chain(&second) {
+            rows.push("n1", s);
+        }
+        let batch = RecordBatch::try_new(Table::Gpu.schema(), rows.finish()).unwrap();
+        assert_eq!(batch.num_rows(), 9);
+
+        let (unique, duplicates) = sort_unique(Table::Gpu, &batch).unwrap();
+        assert_eq!(
+            duplicates,
+            Duplicates {
+                removed: 3,
+                differing: 1
+            }
+        );
+        let i32s = |name: &str| -> Vec<Option<i32>> {
+            let column = unique.column_by_name(name).unwrap();
+            column.as_primitive::<Int32Type>().iter().collect()
+        };
+        let ts: Vec<i64> = unique
+            .column_by_name("ts")
+            .unwrap()
+            .as_primitive::<TimestampMicrosecondType>()
+            .values()
+            .iter()
+            .map(|t| (t - T0) / S)
+            .collect();
+        // Sorted by (node, gpu, ts), a GPU's own row (null ids) first.
+        assert_eq!(ts, [0, 0, 0, 1, 2, 0]);
+        assert_eq!(i32s("gpu"), [0, 0, 0, 0, 0, 1].map(Some));
+        assert_eq!(
+            i32s("gpu_instance_id"),
+            [None, Some(1), Some(2), None, None, None]
+        );
+        // GPU 1 at T0 is the second file's row.
+        assert_eq!(i32s("temperature_c"), [40, 40, 40, 41, 42, 55].map(Some));
+    }
+
+    /// Events have no key short of the whole row: identical rows are one,
+    /// rows differing in any column stay.
+    #[test]
+    fn events_are_duplicates_only_when_every_column_is_equal() {
+        let xid = |code: u64| GpuEvent {
+            ts_us: T0,
+            gpu: 3,
+            uuid: "GPU-3".into(),
+            kind: EventKind::Xid as i32,
+            code,
+            detail: "Graphics Engine Exception".into(),
+            ..Default::default()
+        };
+        let mut rows = EventRows::default();
+        for e in [xid(13), xid(31), xid(13), xid(13)] {
+            rows.push("n1", &e);
+        }
+        let batch = RecordBatch::try_new(Table::Event.schema(), rows.finish()).unwrap();
+        let (unique, duplicates) = sort_unique(Table::Event, &batch).unwrap();
+        assert_eq!(
+            duplicates,
+            Duplicates {
+                removed: 2,
+                differing: 0
+            }
+        );
+        let codes: Vec<i64> = unique
+            .column_by_name("code")
+            .unwrap()
+            .as_primitive::<Int64Type>()
+            .values()
+            .to_vec();
+        assert_eq!(codes, [13, 31]);
+    }
 }

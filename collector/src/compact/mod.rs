@@ -6,7 +6,11 @@
 //! large, sorted ones (`c-<hash of the merged names>.parquet`) and leaves a
 //! marker `<stem>.compacted` per merged file, holding a hash of its bytes: a
 //! flush that writes those very bytes again (a retried upload, a replay) is
-//! then skipped by the store instead of storing its rows twice.
+//! then skipped by the store instead of storing its rows twice. A merge
+//! keeps one row per key ([`gputel_schemas::RowKey`]): rows stored twice
+//! (an agent that failed over between collectors, a node clock stepped
+//! back) are stored once from then on, the row of the file whose name sorts
+//! last where the two differ.
 //!
 //! Publishing is atomic on a local store: the new hour directory (compacted
 //! files, markers, and hard links to whatever else the hour holds) is built
@@ -37,8 +41,7 @@ use tracing::{info, warn};
 use twox_hash::XxHash64;
 
 use crate::persist::{
-    MAX_COMPACTED_FILE_ROWS, PersistError, compacted_properties, encode_with, off_runtime,
-    put_file, sort_rows,
+    MAX_COMPACTED_FILE_ROWS, PersistError, compacted_properties, encode_with, off_runtime, put_file,
 };
 use crate::store::{self, Store};
 
@@ -143,7 +146,13 @@ pub struct CompactReport {
     pub hours_skipped: usize,
     pub files_in: usize,
     pub files_out: usize,
+    /// Rows read from the merged files.
     pub rows: usize,
+    /// Rows left out because another row had the same key (the table's
+    /// [`gputel_schemas::RowKey`]); the compacted files hold `rows` minus these.
+    pub duplicates: usize,
+    /// Of those, rows whose values differed from the row kept.
+    pub duplicates_differing: usize,
     pub bytes_in: u64,
     pub bytes_out: u64,
 }
@@ -187,6 +196,7 @@ struct Source {
 struct Output {
     stem: String,
     bytes: Bytes,
+    duplicates: Duplicates,
 }
 
 /// (inode, size, mtime in ns) of a local file: changes when it is replaced.
@@ -270,6 +280,8 @@ pub async fn compact(
             files_in = report.files_in,
             files_out = report.files_out,
             rows = report.rows,
+            duplicates = report.duplicates,
+            differing = report.duplicates_differing,
             bytes_in = report.bytes_in,
             bytes_out = report.bytes_out,
             "compacted"
@@ -397,6 +409,12 @@ async fn compact_hour(
         .collect();
 
     let bytes_out: u64 = outputs.iter().map(|o| o.bytes.len() as u64).sum();
+    let duplicates = outputs
+        .iter()
+        .fold(Duplicates::default(), |sum, o| Duplicates {
+            removed: sum.removed + o.duplicates.removed,
+            differing: sum.differing + o.duplicates.differing,
+        });
     let files_out = outputs.len();
     let files_in = sources.len() + leftovers.len();
     let bytes_in = sources.iter().map(|(s, _)| s.size).sum::<u64>()
@@ -446,7 +464,16 @@ async fn compact_hour(
         }
     };
     if published {
+        if duplicates.differing > 0 {
+            warn!(
+                hour = %hour,
+                differing = duplicates.differing,
+                "rows with the same key and different values; kept the row of the file whose name sorts last"
+            );
+        }
         report.hours += 1;
+        report.duplicates += duplicates.removed;
+        report.duplicates_differing += duplicates.differing;
         report.files_in += files_in;
         report.files_out += files_out;
         report.rows += rows;
