@@ -54,6 +54,13 @@ pub struct TableRows {
     pub ib: u64,
 }
 
+/// How long to wait after a permanent refusal, at first and at most: the
+/// collector said no (a node name its certificate does not carry, an agent
+/// id another node owns), so retrying at once cannot help, but an operator
+/// may fix it (a new certificate, another --spool-dir) without restarting us.
+const REFUSED_MIN_DELAY: Duration = Duration::from_secs(5);
+const REFUSED_MAX_DELAY: Duration = Duration::from_secs(600);
+
 /// Why a connection ended.
 #[derive(Debug, thiserror::Error)]
 enum StreamError {
@@ -67,6 +74,50 @@ enum StreamError {
     Closed,
     #[error("collector sent {0} where a welcome was expected")]
     Protocol(&'static str),
+}
+
+impl StreamError {
+    /// The collector's refusal of this agent as it is (its identity or its
+    /// hello): retrying the same hello gets the same answer.
+    fn refusal(&self) -> Option<&tonic::Status> {
+        match self {
+            StreamError::Status(status)
+                if matches!(
+                    status.code(),
+                    tonic::Code::PermissionDenied
+                        | tonic::Code::Unauthenticated
+                        | tonic::Code::InvalidArgument
+                        | tonic::Code::FailedPrecondition
+                ) =>
+            {
+                Some(status)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// An error with the chain of its causes, `a: b: c`: a transport error's
+/// own words are "transport error", the reason (a certificate no trusted CA
+/// signed, a refused connection) is in its sources.
+struct Causes<'a>(&'a dyn std::error::Error);
+
+impl std::fmt::Display for Causes<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut shown = self.0.to_string();
+        f.write_str(&shown)?;
+        let mut next = self.0.source();
+        while let Some(cause) = next {
+            let text = cause.to_string();
+            // Wrappers often repeat their source's words.
+            if !shown.contains(&text) {
+                write!(f, ": {text}")?;
+                shown = text;
+            }
+            next = cause.source();
+        }
+        Ok(())
+    }
 }
 
 /// Streams batches from `batches` to the collector at `endpoint` until the
@@ -105,11 +156,14 @@ async fn run_queue(
     drain_timeout: Duration,
 ) -> Delivery {
     let mut backoff = new_backoff();
+    let mut refused_backoff = new_refused_backoff();
     let mut drain_deadline: Option<Instant> = None;
     loop {
+        let mut delay = None;
         match connect(&endpoint, &identity).await {
             Ok((tx, responses, durable)) => {
                 backoff = new_backoff();
+                refused_backoff = new_refused_backoff();
                 queue.acknowledge(durable);
                 // A new stream resends from the lowest unacknowledged batch.
                 queue.from_disk.clear();
@@ -126,15 +180,28 @@ async fn run_queue(
                 match ended {
                     Ended::Done => break,
                     Ended::Lost(e) => {
-                        warn!(collector = %endpoint.uri(), error = %e, pending = queue.len(), "stream lost; reconnecting")
+                        warn!(collector = %endpoint.uri(), error = %Causes(&e), pending = queue.len(), "stream lost; reconnecting")
                     }
                 }
             }
             Err(e) => {
-                warn!(collector = %endpoint.uri(), error = %e, pending = queue.len(), "collector unreachable")
+                if let Some(status) = e.refusal() {
+                    let wait = refused_backoff.next().unwrap_or(REFUSED_MAX_DELAY);
+                    delay = Some(wait);
+                    error!(
+                        collector = %endpoint.uri(),
+                        code = ?status.code(),
+                        reason = %status.message(),
+                        retry_in = ?wait,
+                        pending = queue.len(),
+                        "collector refused this agent; retrying less and less often (up to every {REFUSED_MAX_DELAY:?}) until the cause is fixed"
+                    );
+                } else {
+                    warn!(collector = %endpoint.uri(), error = %Causes(&e), pending = queue.len(), "collector unreachable");
+                }
             }
         }
-        let delay = backoff.next().unwrap_or(Duration::from_secs(30));
+        let delay = delay.unwrap_or_else(|| backoff.next().unwrap_or(Duration::from_secs(30)));
         let wake = Instant::now() + delay;
         // While waiting, keep taking batches so the sampler never blocks.
         loop {
@@ -172,6 +239,14 @@ fn new_backoff() -> impl Iterator<Item = Duration> {
         .with_min_delay(Duration::from_millis(200))
         .with_max_delay(Duration::from_secs(30))
         .with_jitter()
+        .without_max_times()
+        .build()
+}
+
+fn new_refused_backoff() -> impl Iterator<Item = Duration> {
+    ExponentialBuilder::default()
+        .with_min_delay(REFUSED_MIN_DELAY)
+        .with_max_delay(REFUSED_MAX_DELAY)
         .without_max_times()
         .build()
 }
@@ -447,6 +522,44 @@ mod tests {
 
     fn seqs(q: &Queue) -> Vec<u64> {
         q.batches.iter().map(|b| b.seq).collect()
+    }
+
+    #[test]
+    fn refusals_back_off_exponentially_to_ten_minutes() {
+        let delays: Vec<u64> = new_refused_backoff().take(9).map(|d| d.as_secs()).collect();
+        assert_eq!(delays, [5, 10, 20, 40, 80, 160, 320, 600, 600]);
+        let denied = StreamError::Status(tonic::Status::permission_denied("no"));
+        assert_eq!(
+            denied.refusal().map(tonic::Status::code),
+            Some(tonic::Code::PermissionDenied)
+        );
+        let unavailable = StreamError::Status(tonic::Status::unavailable("disk full"));
+        assert!(unavailable.refusal().is_none());
+    }
+
+    #[test]
+    fn an_error_shows_its_causes_once_each() {
+        let inner = std::io::Error::other("invalid peer certificate: UnknownIssuer");
+        let outer = Wrapped(std::io::Error::other(Wrapped(inner)));
+        assert_eq!(
+            Causes(&outer).to_string(),
+            "transport error: invalid peer certificate: UnknownIssuer"
+        );
+    }
+
+    #[derive(Debug)]
+    struct Wrapped(std::io::Error);
+
+    impl std::fmt::Display for Wrapped {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("transport error")
+        }
+    }
+
+    impl std::error::Error for Wrapped {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
     }
 
     #[test]

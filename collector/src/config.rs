@@ -251,7 +251,8 @@ impl ImportJobs {
 #[derive(Debug, Default, Clone, Args, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct Settings {
-    /// Address to serve the agents' gRPC streams on [default: 0.0.0.0:7117].
+    /// Address to serve the agents' gRPC streams on [default: 0.0.0.0:7117 with TLS,
+    /// 127.0.0.1:7117 (loopback only) with --plaintext].
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
     /// Where Parquet files go: a directory, or an object store URL (s3://bucket/prefix,
@@ -498,14 +499,19 @@ impl Config {
             .map_err(ConfigError::Invalid)?;
         let s3 = s.s3_options();
         let wal_dir = s.wal_dir.unwrap_or_else(|| PathBuf::from(DEFAULT_WAL_DIR));
+        // Without TLS anyone who reaches the port writes as any node: unless
+        // an address is given, only this machine can.
+        let default_listen = if s.plaintext {
+            SocketAddr::from(([127, 0, 0, 1], DEFAULT_PORT))
+        } else {
+            SocketAddr::from(([0, 0, 0, 0], DEFAULT_PORT))
+        };
         let config = Config {
             alerts: s.alerts.resolve(&wal_dir)?,
             s3,
             compact_interval,
             retention,
-            listen: s
-                .listen
-                .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], DEFAULT_PORT))),
+            listen: s.listen.unwrap_or(default_listen),
             store,
             wal_dir,
             flush_interval: s.flush_interval.unwrap_or(Duration::from_secs(60)),
@@ -608,6 +614,9 @@ mod tests {
         ]))
         .unwrap();
         assert!(plain.tls.is_none());
+        // Plaintext listens on loopback unless told otherwise; TLS on all.
+        assert_eq!(plain.listen, "127.0.0.1:7117".parse().unwrap());
+        assert_eq!(tls.listen, "0.0.0.0:7117".parse().unwrap());
         let err = Config::load(Cli::parse_from(["gputel-collector"]))
             .unwrap_err()
             .to_string();

@@ -13,7 +13,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, Response, Status, Streaming};
 use tracing::{debug, error, info, warn};
 
-use crate::validate::{validate_batch, validate_hello};
+use crate::validate::{canonical_node, validate_batch, validate_hello};
 use crate::write::{Accepted, AckSink, Refused, WritePath};
 
 /// How long a new stream may take to send its hello.
@@ -126,7 +126,7 @@ struct Session {
 
 impl Session {
     async fn run(self, mut inbound: Streaming<AgentMessage>, mut closing: watch::Receiver<bool>) {
-        let hello = match tokio::time::timeout(HELLO_TIMEOUT, inbound.message()).await {
+        let mut hello = match tokio::time::timeout(HELLO_TIMEOUT, inbound.message()).await {
             Ok(Ok(Some(AgentMessage {
                 kind: Some(agent_message::Kind::Hello(hello)),
             }))) => hello,
@@ -148,6 +148,10 @@ impl Session {
         if let Err(e) = validate_hello(&hello) {
             return self.fail(Status::invalid_argument(e.to_string())).await;
         }
+        // One node, one name: NODE-A and node-a. are node-a, in the
+        // certificate check, the agent id's owner and every stored row.
+        let sent_node = std::mem::take(&mut hello.node);
+        hello.node = canonical_node(&sent_node);
         if let Some(der) = &self.certificate
             && !certificate_names(der, &hello.node)
         {
@@ -158,12 +162,20 @@ impl Session {
                 )))
                 .await;
         }
-        let durable = self.shared.connect(
+        let durable = match self.shared.connect(
+            &hello.node,
             &hello.agent_id,
             self.id,
             Arc::new(StreamAcks(self.tx.clone())),
-        );
-        info!(peer = %self.peer, node = %hello.node, agent_id = %hello.agent_id, version = %hello.agent_version, durable_seq = durable, "agent connected");
+        ) {
+            Ok(durable) => durable,
+            Err(e) => return self.fail(Status::permission_denied(e.to_string())).await,
+        };
+        if sent_node == hello.node {
+            info!(peer = %self.peer, node = %hello.node, agent_id = %hello.agent_id, version = %hello.agent_version, durable_seq = durable, "agent connected");
+        } else {
+            info!(peer = %self.peer, node = %hello.node, sent_node = %sent_node, agent_id = %hello.agent_id, version = %hello.agent_version, durable_seq = durable, "agent connected (node name stored in canonical form)");
+        }
         let welcome = message(collector_message::Kind::Welcome(Welcome {
             durable_seq: durable,
             collector_version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -216,13 +228,7 @@ impl Session {
         let valid = match validate_batch(batch, shared.clock().now_us()) {
             Ok(valid) => valid,
             Err(e) => {
-                shared.count_rejected();
-                warn!(node, agent_id, seq = batch.seq, error = %e, "batch rejected");
-                let reject = message(collector_message::Kind::Reject(Reject {
-                    seq: batch.seq,
-                    reason: e.to_string(),
-                }));
-                let _ = self.tx.send(Ok(reject)).await;
+                self.reject(node, agent_id, batch.seq, e.to_string()).await;
                 return Ok(());
             }
         };
@@ -234,6 +240,9 @@ impl Session {
                     let ack = message(collector_message::Kind::Ack(Ack { seq }));
                     let _ = self.tx.send(Ok(ack)).await;
                 }
+            }
+            Err(Refused::Sequence(e)) => {
+                self.reject(node, agent_id, batch.seq, e.to_string()).await
             }
             // The agent keeps the batch and retries after a backoff.
             Err(e @ Refused::OverRate { .. }) => {
@@ -255,6 +264,15 @@ impl Session {
             }
         }
         Ok(())
+    }
+
+    /// Refuses one batch for good: the agent drops it and logs the reason;
+    /// the stream carries on.
+    async fn reject(&self, node: &str, agent_id: &str, seq: u64, reason: String) {
+        self.shared.count_rejected();
+        warn!(node, agent_id, seq, reason, "batch rejected");
+        let reject = message(collector_message::Kind::Reject(Reject { seq, reason }));
+        let _ = self.tx.send(Ok(reject)).await;
     }
 
     /// A message could not be received. A message that could not be decoded

@@ -22,6 +22,7 @@ pub mod marker;
 pub mod persist;
 pub mod store;
 pub mod systemd;
+pub mod tls;
 pub mod validate;
 pub mod wal;
 pub mod write;
@@ -36,7 +37,6 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
-use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use tracing::{info, warn};
 
 use crate::clock::Clock;
@@ -55,12 +55,8 @@ pub enum RunError {
     Store(#[from] store::StoreError),
     #[error(transparent)]
     Wal(#[from] wal::WalError),
-    #[error("cannot read TLS file {path}: {source}")]
-    TlsFile {
-        path: std::path::PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: std::net::SocketAddr,
@@ -84,9 +80,22 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             source,
         })?;
     let tls = match &config.tls {
-        Some(files) => Some(server_tls(files)?),
+        Some(files) => Some(tls::server_config(files)?),
+        None if config.listen.ip().is_loopback() => {
+            warn!(
+                listen = %config.listen,
+                "serving without TLS (--plaintext) on loopback only: other machines cannot \
+                 connect, and any local client can write as any node (give --listen to serve \
+                 other machines, preferably with mutual TLS)"
+            );
+            None
+        }
         None => {
-            warn!("serving without TLS (--plaintext): any client can write as any node");
+            warn!(
+                listen = %config.listen,
+                "serving without TLS (--plaintext) on a network address: any client that \
+                 reaches it can write as any node"
+            );
             None
         }
     };
@@ -226,24 +235,11 @@ pub struct ServeOptions {
     /// Average rows per second one agent may send (over a 10 s burst).
     pub max_agent_rows_per_s: u64,
     pub max_message_bytes: usize,
-    /// Mutual TLS; every agent must then show a certificate naming its node.
-    pub tls: Option<ServerTlsConfig>,
+    /// Mutual TLS ([`tls::server_config`]); every agent must then show a
+    /// certificate naming its node.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
     /// Where accepted batches go for the alert rules (see [`alert`]).
     pub alert_sink: Option<tokio::sync::mpsc::Sender<write::AlertInput>>,
-}
-
-/// The server side of mutual TLS from PEM files.
-pub fn server_tls(files: &config::TlsFiles) -> Result<ServerTlsConfig, RunError> {
-    let read = |path: &std::path::Path| {
-        std::fs::read(path).map_err(|source| RunError::TlsFile {
-            path: path.to_owned(),
-            source,
-        })
-    };
-    let identity = Identity::from_pem(read(&files.cert)?, read(&files.key)?);
-    Ok(ServerTlsConfig::new()
-        .identity(identity)
-        .client_ca_root(Certificate::from_pem(read(&files.client_ca)?)))
 }
 
 /// Starts the log syncer, the flush loop and the gRPC server on `listener`.
@@ -285,10 +281,6 @@ pub async fn serve(
     let flushing = tokio::spawn(flusher.run(options.flush_interval, stop_flush_rx));
 
     let require_identity = options.tls.is_some();
-    let mut builder = tonic::transport::Server::builder();
-    if let Some(tls) = options.tls {
-        builder = builder.tls_config(tls)?;
-    }
     let service = TelemetryServer::new(IngestService::new(
         Arc::clone(&shared),
         close_streams_rx,
@@ -296,14 +288,21 @@ pub async fn serve(
     ))
     .max_decoding_message_size(options.max_message_bytes);
     let (server_stop, mut server_stop_rx) = watch::channel(false);
-    let server = tokio::spawn(
-        builder
-            .http2_keepalive_interval(Some(Duration::from_secs(30)))
-            .add_service(service)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
-                let _ = server_stop_rx.wait_for(|s| *s).await;
-            }),
-    );
+    let router = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .add_service(service);
+    let stopped = async move {
+        let _ = server_stop_rx.wait_for(|s| *s).await;
+    };
+    // Under TLS the handshakes are ours, so that failed ones are logged.
+    let server = match options.tls {
+        Some(config) => tokio::spawn(
+            router.serve_with_incoming_shutdown(tls::incoming(listener, config), stopped),
+        ),
+        None => tokio::spawn(
+            router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), stopped),
+        ),
+    };
     Ok(Serving {
         addr,
         shared,

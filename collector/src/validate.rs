@@ -62,8 +62,23 @@ impl<'a> ValidBatch<'a> {
 /// later, parts of paths, so only a conservative character set is accepted.
 pub fn validate_hello(hello: &Hello) -> Result<(), ValidationError> {
     identifier("node name", &hello.node, 253)?;
+    // "." would be the empty name once canonical.
+    identifier("node name", &canonical_node(&hello.node), 253).map_err(|_| {
+        ValidationError::Identifier {
+            what: "node name",
+            value: hello.node.clone(),
+            max: 253,
+        }
+    })?;
     identifier("agent id", &hello.agent_id, 128)?;
     Ok(())
+}
+
+/// A node name as the collector compares and stores it: DNS names are
+/// case-insensitive and `node-a.` (fully qualified) is `node-a`, so
+/// `NODE-A`, `node-a.` and `node-a` are one node, stored as `node-a`.
+pub fn canonical_node(node: &str) -> String {
+    node.strip_suffix('.').unwrap_or(node).to_ascii_lowercase()
 }
 
 fn identifier(what: &'static str, value: &str, max: usize) -> Result<(), ValidationError> {
@@ -233,6 +248,25 @@ mod tests {
             }],
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn node_names_are_canonical_in_lower_case_without_the_root_dot() {
+        for name in ["node-a", "NODE-A", "node-a.", "Node-A."] {
+            assert_eq!(canonical_node(name), "node-a", "{name}");
+        }
+        // Only one dot is the root's; "node-a.." stays distinct (and odd).
+        assert_eq!(canonical_node("node-a.."), "node-a.");
+        let hello = |node: &str| Hello {
+            node: node.into(),
+            agent_id: "a".into(),
+            ..Hello::default()
+        };
+        assert_eq!(
+            validate_hello(&hello(".")).unwrap_err().to_string(),
+            "node name \".\" is invalid: use 1 to 253 characters of [A-Za-z0-9._-]"
+        );
+        assert!(validate_hello(&hello("NODE-A.")).is_ok());
     }
 
     /// The seeds of the `agent_message` fuzz target: a hello, and the batch

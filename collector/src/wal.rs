@@ -34,6 +34,7 @@ use gputel_proto::{AlertRow, Batch, WalRecord, WalState};
 use gputel_runtime::framing;
 use prost::Message;
 use prost::encoding::{WireType, encode_key, encode_varint};
+use twox_hash::XxHash64;
 
 /// Largest record accepted on replay; anything bigger is corruption. The
 /// collector's `--max-message-bytes` is capped below it.
@@ -228,6 +229,7 @@ impl Wal {
         for record in &replayed.records {
             if let Some(batch) = &record.batch {
                 wal.note_durable(&record.agent_id, batch.seq);
+                wal.note_owner(&record.agent_id, &record.node);
             }
         }
         // Write the state now: the collector id must not change after this.
@@ -257,22 +259,28 @@ impl Wal {
 
     /// Appends an agent's batch as a record (without copying the batch);
     /// durable only after the next sync, which the caller then reports with
-    /// [`Wal::note_durable`].
+    /// [`Wal::note_durable`]. Returns the batch's [`batch_fingerprint`],
+    /// taken from the bytes written.
     pub fn append_batch(
         &mut self,
         agent_id: &str,
         node: &str,
         batch: &Batch,
-    ) -> Result<(), WalError> {
-        let mut payload =
-            Vec::with_capacity(batch.encoded_len() + agent_id.len() + node.len() + 16);
+    ) -> Result<u64, WalError> {
+        let len = batch.encoded_len();
+        let mut payload = Vec::with_capacity(len + agent_id.len() + node.len() + 16);
         for (tag, bytes) in [(1, agent_id.as_bytes()), (2, node.as_bytes())] {
             encode_key(tag, WireType::LengthDelimited, &mut payload);
             encode_varint(bytes.len() as u64, &mut payload);
             payload.extend_from_slice(bytes);
         }
-        prost::encoding::message::encode(3, batch, &mut payload);
-        self.append_payload(&payload)
+        encode_key(3, WireType::LengthDelimited, &mut payload);
+        encode_varint(len as u64, &mut payload);
+        let start = payload.len();
+        batch.encode_raw(&mut payload);
+        let fingerprint = XxHash64::oneshot(0, &payload[start..]);
+        self.append_payload(&payload)?;
+        Ok(fingerprint)
     }
 
     /// Appends alert rows the collector raised itself as one record; durable
@@ -369,6 +377,21 @@ impl Wal {
     /// with the next state file.
     pub fn forget(&mut self, agent_id: &str) {
         self.state.durable.remove(agent_id);
+        self.state.owners.remove(agent_id);
+    }
+
+    /// The node that owns each agent id (saved with the state file).
+    pub fn owners(&self) -> &HashMap<String, String> {
+        &self.state.owners
+    }
+
+    /// Records that `node` owns `agent_id`; saved with the next state file.
+    pub fn note_owner(&mut self, agent_id: &str, node: &str) {
+        if self.state.owners.get(agent_id).is_none_or(|n| n != node) {
+            self.state
+                .owners
+                .insert(agent_id.to_owned(), node.to_owned());
+        }
     }
 
     /// Segments closed after a failed write since the last call.
@@ -394,6 +417,12 @@ impl Wal {
         fs::rename(&tmp, &path).map_err(io(&path))?;
         sync_dir(&self.dir)
     }
+}
+
+/// A batch's content as a number, to tell a resent batch from a different
+/// one under the same sequence number: xxh64 of its protobuf encoding.
+pub fn batch_fingerprint(batch: &Batch) -> u64 {
+    XxHash64::oneshot(0, &batch.encode_to_vec())
 }
 
 fn segment_path(dir: &Path, segment: u64) -> PathBuf {
@@ -646,6 +675,7 @@ fn read_state(path: &Path, has_segments: bool) -> Result<WalState, WalError> {
                 durable: HashMap::new(),
                 next_segment: 1,
                 released_through: 0,
+                owners: HashMap::new(),
             })
         }
         Err(e) => Err(io(path)(e)),
@@ -678,6 +708,7 @@ mod tests {
     fn append(wal: &mut Wal, record: &WalRecord) -> Result<(), WalError> {
         let batch = record.batch.as_ref().expect("test records carry a batch");
         wal.append_batch(&record.agent_id, &record.node, batch)
+            .map(|_| ())
     }
 
     fn seqs(records: &[WalRecord]) -> Vec<(String, u64)> {
@@ -725,6 +756,56 @@ mod tests {
             "{} after {closed}",
             wal.segment()
         );
+    }
+
+    /// The node that owns an agent id outlives a restart: from the records
+    /// replayed, then from the state file once they are released.
+    #[test]
+    fn owners_are_replayed_and_kept_after_release() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut wal, _) = Wal::open(dir.path()).unwrap();
+        append(&mut wal, &record("a", 1)).unwrap();
+        wal.note_owner("b", "n2");
+        wal.sync().unwrap();
+        drop(wal);
+
+        // Not saved yet for "b" (no release, no record): only "a" is known.
+        let (mut wal, replayed) = Wal::open(dir.path()).unwrap();
+        assert_eq!(
+            wal.owners().clone(),
+            HashMap::from([("a".to_owned(), "n1".to_owned())])
+        );
+        wal.note_owner("b", "n2");
+        wal.release(&replayed.segments).unwrap();
+        drop(wal);
+
+        let (mut wal, replayed) = Wal::open(dir.path()).unwrap();
+        assert!(replayed.records.is_empty());
+        assert_eq!(
+            wal.owners().clone(),
+            HashMap::from([
+                ("a".to_owned(), "n1".to_owned()),
+                ("b".to_owned(), "n2".to_owned())
+            ])
+        );
+        wal.forget("a");
+        assert_eq!(wal.owners().len(), 1);
+    }
+
+    /// The fingerprint `append_batch` returns is the one `batch_fingerprint`
+    /// gives the same batch (a resend is compared with it), and differs for
+    /// different content under the same sequence number.
+    #[test]
+    fn append_returns_the_batch_fingerprint() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut wal, _) = Wal::open(dir.path()).unwrap();
+        let first = record("a", 3);
+        let batch = first.batch.as_ref().unwrap();
+        let appended = wal.append_batch("a", "n1", batch).unwrap();
+        assert_eq!(appended, batch_fingerprint(batch));
+        let mut other = batch.clone();
+        other.node[0].cpu_count = 9;
+        assert_ne!(batch_fingerprint(&other), appended);
     }
 
     /// Only what the caller reported synced is saved as durable: a record
@@ -786,6 +867,7 @@ mod tests {
             durable: HashMap::new(),
             next_segment: 2,
             released_through: u64::MAX,
+            owners: HashMap::new(),
         };
         fs::write(dir.path().join(STATE_FILE), damaged.encode_to_vec()).unwrap();
         let e = Wal::open(dir.path()).expect_err("refused");

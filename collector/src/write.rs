@@ -5,7 +5,7 @@
 //! batches to the alert rules. The gRPC sessions (`ingest`) call it; the
 //! flush loop takes what it holds.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
@@ -17,8 +17,8 @@ use tracing::{debug, error, warn};
 use crate::buffer::WriteBuffer;
 use crate::clock::Clock;
 use crate::systemd::Heartbeat;
-use crate::validate::{ValidBatch, validate_batch};
-use crate::wal::{Replayed, Wal, WalError};
+use crate::validate::{ValidBatch, canonical_node, validate_batch};
+use crate::wal::{Replayed, Wal, WalError, batch_fingerprint};
 
 /// Where a connected agent's acknowledgements go: its stream. `ack` must not
 /// wait; false when the ack could not be queued (the next one covers it,
@@ -64,15 +64,77 @@ pub enum Accepted {
     Duplicate(Option<u64>),
 }
 
-/// Why a valid batch was not taken in now; the agent keeps it and retries.
+/// Why a valid batch was not taken in. [`Refused::Sequence`] is for good
+/// (the agent is sent a reject and drops the batch); the others are for now
+/// (the agent keeps the batch and retries).
 #[derive(Debug, thiserror::Error)]
 pub enum Refused {
+    #[error(transparent)]
+    Sequence(#[from] SequenceError),
     #[error("agent {agent_id} sends more than {rate} rows/s; retry later")]
     OverRate { agent_id: String, rate: u64 },
     #[error("the collector holds {max} rows not yet written to the store; retry later")]
     StoreBehind { max: usize },
     #[error(transparent)]
     Log(#[from] LogUnavailable),
+}
+
+/// How far past the highest sequence number received from an agent id a
+/// batch's may be. An agent numbers its batches one by one, one a tick (at
+/// least 10 ms apart: at most 100 a second); a gap is what it dropped while
+/// the collector was away. 2^32 is 100 batches a second for 497 days, longer
+/// than any outage an agent id is remembered through ([`AGENT_RETENTION_US`]),
+/// and small enough that no number of refused jumps can use up the sequence
+/// space of an agent id.
+pub const MAX_SEQ_AHEAD: u64 = 1 << 32;
+
+/// Batches per agent id whose content is remembered (as a fingerprint), to
+/// tell a resend from a different batch under a number already received.
+/// An agent resends only what its welcome did not cover: batches received
+/// but not yet synced, at most its send window (32) and what the network
+/// held. 128 fingerprints are 2 KiB an agent.
+pub const FINGERPRINTS_KEPT: usize = 128;
+
+/// A sequence number the collector refuses for good: answered with a reject
+/// that names it; the agent id keeps its place.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SequenceError {
+    #[error(
+        "sequence number {seq} is the largest there is: no batch could follow it; \
+         refused, the agent id keeps its place at {received}"
+    )]
+    Last { seq: u64, received: u64 },
+    #[error(
+        "sequence number {seq} is more than {MAX_SEQ_AHEAD} past the highest received \
+         from this agent id ({received}): more batches than an agent makes in a year; \
+         refused, the agent id keeps its place"
+    )]
+    TooFar { seq: u64, received: u64 },
+    #[error(
+        "sequence number {seq} was received before with different content; the first \
+         is kept (this agent id has {durable} stored): two agents use one agent id, or \
+         an agent's spool was reset; give each agent its own --spool-dir"
+    )]
+    Conflict { seq: u64, durable: u64 },
+    #[error(
+        "sequence number {seq} is behind the highest received from this agent id \
+         ({received}) and older than the last {FINGERPRINTS_KEPT} batches whose content \
+         can be compared; refused, nothing is stored again"
+    )]
+    Behind { seq: u64, received: u64 },
+}
+
+/// A hello naming an agent id that another node owns: refused, so that no
+/// client can write into another node's sequence space or take its acks.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "agent id {agent_id} belongs to node {owner}; node {node} may not use it \
+     (each agent needs its own agent id: a copied --spool-dir copies agent.id)"
+)]
+pub struct OtherNode {
+    pub agent_id: String,
+    pub owner: String,
+    pub node: String,
 }
 
 /// The write path's state, shared by the stream tasks, the log syncer and
@@ -126,8 +188,14 @@ struct State {
 
 #[derive(Debug, Default)]
 struct AgentState {
+    /// The node this agent id belongs to (canonical name); None for an id
+    /// known from a state file older than owners, claimed by its next hello.
+    owner: Option<String>,
     /// Highest sequence appended to the log and the buffer.
     received: u64,
+    /// (sequence, fingerprint) of the last [`FINGERPRINTS_KEPT`] batches
+    /// appended, oldest first.
+    recent: VecDeque<(u64, u64)>,
     /// Highest sequence synced to the log, and so acknowledged.
     durable: u64,
     /// The connected stream: its session id and where its acks go.
@@ -144,6 +212,37 @@ struct AgentState {
 const RATE_BURST_S: f64 = 10.0;
 
 impl AgentState {
+    /// Remembers the content of a batch just appended.
+    fn remember(&mut self, seq: u64, fingerprint: u64) {
+        if self.recent.len() == FINGERPRINTS_KEPT {
+            self.recent.pop_front();
+        }
+        self.recent.push_back((seq, fingerprint));
+    }
+
+    /// Checks a batch's sequence number: Ok(true) when it is new, Ok(false)
+    /// for a resend of what was received (same content), else why not.
+    fn check_seq(&self, batch: &Batch) -> Result<bool, SequenceError> {
+        let (seq, received) = (batch.seq, self.received);
+        if seq == u64::MAX {
+            return Err(SequenceError::Last { seq, received });
+        }
+        if seq > received {
+            return if seq - received > MAX_SEQ_AHEAD {
+                Err(SequenceError::TooFar { seq, received })
+            } else {
+                Ok(true)
+            };
+        }
+        match self.recent.iter().find(|(s, _)| *s == seq) {
+            Some((_, fingerprint)) if *fingerprint == batch_fingerprint(batch) => Ok(false),
+            Some(_) => Err(SequenceError::Conflict {
+                seq,
+                durable: self.durable,
+            }),
+            None => Err(SequenceError::Behind { seq, received }),
+        }
+    }
     /// Takes `rows` from the agent's allowance, refilled at `rate` rows/s up
     /// to [`RATE_BURST_S`] seconds' worth; false when it has not enough.
     fn take_allowance(&mut self, rows: usize, rate: u64, now_us: i64) -> bool {
@@ -197,21 +296,29 @@ impl WritePath {
         wal: Wal,
         replayed: Replayed,
     ) -> Self {
-        let agents = wal
-            .durable()
-            .iter()
-            .map(|(id, &seq)| {
-                let agent = AgentState {
-                    received: seq,
-                    durable: seq,
-                    session: None,
-                    // Remembered for a full retention period after a restart.
-                    last_seen_us: clock.now_us(),
-                    ..AgentState::default()
-                };
-                (id.clone(), agent)
-            })
-            .collect();
+        let mut agents: HashMap<String, AgentState> = HashMap::new();
+        let ids = wal.durable().keys().chain(wal.owners().keys());
+        for id in ids {
+            let seq = wal.durable().get(id).copied().unwrap_or(0);
+            let agent = AgentState {
+                // Names stored before they were made canonical compare as
+                // the same node.
+                owner: wal.owners().get(id).map(|n| canonical_node(n)),
+                received: seq,
+                durable: seq,
+                session: None,
+                // Remembered for a full retention period after a restart.
+                last_seen_us: clock.now_us(),
+                ..AgentState::default()
+            };
+            agents.insert(id.clone(), agent);
+        }
+        // What the log still holds can be compared with a resend.
+        for record in &replayed.records {
+            if let (Some(batch), Some(agent)) = (&record.batch, agents.get_mut(&record.agent_id)) {
+                agent.remember(batch.seq, batch_fingerprint(batch));
+            }
+        }
         let stats = Stats::default();
         let mut buffer = WriteBuffer::default();
         let now_us = clock.now_us();
@@ -433,14 +540,38 @@ impl WritePath {
         self.next_session.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Attaches a new stream of `agent_id`; returns the agent's durable
-    /// sequence for its welcome.
-    pub fn connect(&self, agent_id: &str, session: u64, acks: Arc<dyn AckSink>) -> u64 {
-        let mut state = self.lock();
+    /// Attaches a new stream of `agent_id` from `node` (canonical name);
+    /// returns the agent's durable sequence for its welcome. An agent id
+    /// belongs to the first node that uses it, until it is forgotten; a
+    /// stream of another node is refused and the owner's stream, if any,
+    /// stays attached.
+    pub fn connect(
+        &self,
+        node: &str,
+        agent_id: &str,
+        session: u64,
+        acks: Arc<dyn AckSink>,
+    ) -> Result<u64, OtherNode> {
+        let mut guard = self.lock();
+        let state = &mut *guard;
         let agent = state.agents.entry(agent_id.to_owned()).or_default();
+        match &agent.owner {
+            Some(owner) if owner != node => {
+                return Err(OtherNode {
+                    agent_id: agent_id.to_owned(),
+                    owner: owner.clone(),
+                    node: node.to_owned(),
+                });
+            }
+            Some(_) => {}
+            None => {
+                agent.owner = Some(node.to_owned());
+                state.wal.note_owner(agent_id, node);
+            }
+        }
         agent.session = Some((session, acks));
         agent.last_seen_us = self.clock.now_us();
-        agent.durable
+        Ok(agent.durable)
     }
 
     /// Detaches a stream, unless a newer one of the same agent replaced it.
@@ -479,15 +610,14 @@ impl WritePath {
             let agent = state.agents.entry(agent_id.to_owned()).or_default();
             let now_us = self.clock.now_us();
             agent.last_seen_us = now_us;
-            if batch.seq > agent.received
-                && !agent.take_allowance(rows, self.max_agent_rows_per_s, now_us)
-            {
+            let new = agent.check_seq(batch)?;
+            if new && !agent.take_allowance(rows, self.max_agent_rows_per_s, now_us) {
                 return Err(Refused::OverRate {
                     agent_id: agent_id.to_owned(),
                     rate: self.max_agent_rows_per_s,
                 });
             }
-            if batch.seq <= agent.received {
+            if !new {
                 let durable = (batch.seq <= agent.durable).then_some(agent.durable);
                 (Some(durable), false)
             } else if state.buffer.rows() + self.unwritten_rows.load(Ordering::Relaxed)
@@ -499,11 +629,12 @@ impl WritePath {
                     max: self.max_unwritten_rows,
                 });
             } else {
-                state
+                let fingerprint = state
                     .wal
                     .append_batch(agent_id, node, batch)
                     .map_err(LogUnavailable)?;
                 agent.received = batch.seq;
+                agent.remember(batch.seq, fingerprint);
                 state.buffer.append(node, valid);
                 state.unsynced.insert(agent_id.to_owned(), batch.seq);
                 (None, state.buffer.rows() >= self.flush_rows)

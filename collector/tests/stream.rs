@@ -78,6 +78,37 @@ impl Collector {
         max_agent_rows_per_s: u64,
     ) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
+        Self::start_in(
+            dir,
+            flush_rows,
+            max_message_bytes,
+            max_unwritten_rows,
+            max_agent_rows_per_s,
+        )
+        .await
+    }
+
+    /// Shuts down (writing everything) and starts again on the same store
+    /// and log, as after a restart.
+    async fn restart(self) -> Self {
+        let dir = self.shutdown().await;
+        Self::start_in(
+            dir,
+            3,
+            gputel_proto::DEFAULT_MAX_MESSAGE_BYTES,
+            usize::MAX,
+            u64::MAX / 16,
+        )
+        .await
+    }
+
+    async fn start_in(
+        dir: TempDir,
+        flush_rows: usize,
+        max_message_bytes: usize,
+        max_unwritten_rows: usize,
+        max_agent_rows_per_s: u64,
+    ) -> Self {
         let store = gputel_collector::store::open_store(
             dir.path().to_str().expect("utf-8 temp path"),
             &Default::default(),
@@ -783,5 +814,202 @@ async fn an_agent_over_its_rate_is_refused_until_its_allowance_refills() {
     assert_eq!(hello, welcome(1));
     again.send_batch(gpu_batch(2, 3)).await;
     again.expect_ack(2).await;
+    collector.shutdown().await;
+}
+
+/// Batch `seq` with the rows of `gpu_batch(1, 1)`: for sequence numbers too
+/// large to make timestamps from.
+fn batch_numbered(seq: u64) -> Batch {
+    Batch {
+        seq,
+        ..gpu_batch(1, 1)
+    }
+}
+
+/// The attack: node A opens a stream with node B's agent id (and would send
+/// a huge sequence number). It is refused with both nodes named; B's stream
+/// stays attached, gets its own acks, and every one of its rows is stored.
+#[tokio::test]
+async fn a_hello_with_another_nodes_agent_id_is_refused_and_that_node_is_untouched() {
+    let collector = Collector::start(3, gputel_proto::DEFAULT_MAX_MESSAGE_BYTES).await;
+    let (mut b, hello_b) = Agent::connect(collector.channel().await, "node-b", "agent-b").await;
+    assert_eq!(hello_b, welcome(0));
+    b.send_batch(gpu_batch(1, 1)).await;
+    b.expect_ack(1).await;
+
+    let mut a = Agent::open(collector.channel().await).await;
+    a.send(hello("node-a", "agent-b")).await;
+    a.expect_status(
+        Code::PermissionDenied,
+        "agent id agent-b belongs to node node-b; node node-a may not use it \
+         (each agent needs its own agent id: a copied --spool-dir copies agent.id)",
+    )
+    .await;
+    // The same name in another case and with the root's dot is node-b itself.
+    let (c, hello_c) = Agent::connect(collector.channel().await, "NODE-B.", "agent-b").await;
+    assert_eq!(hello_c, welcome(1));
+    c.close().await;
+    let shared = Arc::clone(&collector.shared);
+    wait_until("node-b's second stream is gone", || {
+        !shared.has_session("agent-b")
+    })
+    .await;
+
+    let (mut b, hello_b) = Agent::connect(collector.channel().await, "node-b", "agent-b").await;
+    assert_eq!(hello_b, welcome(1));
+    b.send_batch(gpu_batch(2, 1)).await;
+    b.expect_ack(2).await;
+    let mut a = Agent::open(collector.channel().await).await;
+    a.send(hello("node-a", "agent-b")).await;
+    a.expect_status(
+        Code::PermissionDenied,
+        "agent id agent-b belongs to node node-b; node node-a may not use it \
+         (each agent needs its own agent id: a copied --spool-dir copies agent.id)",
+    )
+    .await;
+    // B's acks still come to B.
+    b.send_batch(gpu_batch(3, 1)).await;
+    b.expect_ack(3).await;
+    collector
+        .expect_stored(expected_rows("node-b", &[(1, 1), (2, 1), (3, 1)]))
+        .await;
+    b.close().await;
+    collector.shutdown().await;
+}
+
+/// Which node owns an agent id outlives a restart (it is in the log's state
+/// file), and rows from a node named in another case are stored under the
+/// canonical name.
+#[tokio::test]
+async fn the_owner_of_an_agent_id_outlives_a_restart() {
+    let collector = Collector::start(3, gputel_proto::DEFAULT_MAX_MESSAGE_BYTES).await;
+    let (mut b, _) = Agent::connect(collector.channel().await, "Node-B.", "agent-b").await;
+    b.send_batch(gpu_batch(1, 1)).await;
+    b.expect_ack(1).await;
+    b.close().await;
+    let collector = collector.restart().await;
+
+    let mut a = Agent::open(collector.channel().await).await;
+    a.send(hello("node-a", "agent-b")).await;
+    a.expect_status(
+        Code::PermissionDenied,
+        "agent id agent-b belongs to node node-b; node node-a may not use it \
+         (each agent needs its own agent id: a copied --spool-dir copies agent.id)",
+    )
+    .await;
+    let (mut b, hello_b) = Agent::connect(collector.channel().await, "node-b", "agent-b").await;
+    assert_eq!(hello_b, welcome(1));
+    b.send_batch(gpu_batch(2, 1)).await;
+    b.expect_ack(2).await;
+    b.close().await;
+    let collector = collector.restart().await;
+    assert_eq!(
+        stored_gpu_rows(collector.store()),
+        expected_rows("node-b", &[(1, 1), (2, 1)])
+    );
+    collector.shutdown().await;
+}
+
+/// u64::MAX and jumps past `MAX_SEQ_AHEAD` are rejected with the reason; the
+/// agent id keeps its place and carries on.
+#[tokio::test]
+async fn impossible_sequence_numbers_are_rejected_and_the_agent_id_keeps_working() {
+    use gputel_collector::write::MAX_SEQ_AHEAD;
+    let collector = Collector::start(3, gputel_proto::DEFAULT_MAX_MESSAGE_BYTES).await;
+    let (mut agent, _) = Agent::connect(collector.channel().await, "node-a", "agent-a").await;
+    agent.send_batch(batch_numbered(u64::MAX)).await;
+    agent
+        .expect_reject(
+            u64::MAX,
+            "sequence number 18446744073709551615 is the largest there is: no batch could \
+             follow it; refused, the agent id keeps its place at 0",
+        )
+        .await;
+    agent.send_batch(batch_numbered(1 << 62)).await;
+    agent
+        .expect_reject(
+            1 << 62,
+            "sequence number 4611686018427387904 is more than 4294967296 past the highest \
+             received from this agent id (0): more batches than an agent makes in a year; \
+             refused, the agent id keeps its place",
+        )
+        .await;
+    agent.send_batch(gpu_batch(1, 1)).await;
+    agent.expect_ack(1).await;
+    agent.send_batch(batch_numbered(2 + MAX_SEQ_AHEAD)).await;
+    agent
+        .expect_reject(
+            2 + MAX_SEQ_AHEAD,
+            "sequence number 4294967298 is more than 4294967296 past the highest received \
+             from this agent id (1): more batches than an agent makes in a year; refused, \
+             the agent id keeps its place",
+        )
+        .await;
+    agent.send_batch(gpu_batch(2, 1)).await;
+    agent.expect_ack(2).await;
+    agent.close().await;
+    let (again, hello) = Agent::connect(collector.channel().await, "node-a", "agent-a").await;
+    assert_eq!(hello, welcome(2));
+    again.close().await;
+    // The bound itself is allowed: a gap of dropped batches.
+    let (mut again, _) = Agent::connect(collector.channel().await, "node-a", "agent-a").await;
+    again
+        .send_batch(batch_numbered(2 + MAX_SEQ_AHEAD - 1))
+        .await;
+    again.expect_ack(2 + MAX_SEQ_AHEAD - 1).await;
+    assert_eq!(collector.shared.stats.rejected.load(Ordering::Relaxed), 3);
+    again.close().await;
+    collector.shutdown().await;
+}
+
+/// A sequence number resent with other content is rejected (the first is
+/// kept); resent with the same content it is a duplicate, acknowledged.
+#[tokio::test]
+async fn a_resend_with_different_content_is_rejected_and_the_first_is_kept() {
+    let collector = Collector::start(3, gputel_proto::DEFAULT_MAX_MESSAGE_BYTES).await;
+    let (mut agent, _) = Agent::connect(collector.channel().await, "node-a", "agent-a").await;
+    for seq in 1..=3 {
+        agent.send_batch(gpu_batch(seq, 1)).await;
+    }
+    agent.expect_ack(3).await;
+    agent.send_batch(gpu_batch(2, 2)).await;
+    agent
+        .expect_reject(
+            2,
+            "sequence number 2 was received before with different content; the first is \
+             kept (this agent id has 3 stored): two agents use one agent id, or an agent's \
+             spool was reset; give each agent its own --spool-dir",
+        )
+        .await;
+    agent.send_batch(gpu_batch(2, 1)).await;
+    agent.expect_ack(3).await;
+    assert_eq!(collector.shared.stats.duplicates.load(Ordering::Relaxed), 1);
+    collector
+        .expect_stored(expected_rows("node-a", &[(1, 1), (2, 1), (3, 1)]))
+        .await;
+    agent.close().await;
+
+    // After a restart the stored batches' content is no longer known: a
+    // number already stored is refused rather than taken on trust.
+    let collector = collector.restart().await;
+    let (mut agent, hello) = Agent::connect(collector.channel().await, "node-a", "agent-a").await;
+    assert_eq!(hello, welcome(3));
+    agent.send_batch(gpu_batch(2, 1)).await;
+    agent
+        .expect_reject(
+            2,
+            "sequence number 2 is behind the highest received from this agent id (3) and \
+             older than the last 128 batches whose content can be compared; refused, \
+             nothing is stored again",
+        )
+        .await;
+    agent.send_batch(gpu_batch(4, 1)).await;
+    agent.expect_ack(4).await;
+    agent.close().await;
+    let collector = collector.restart().await;
+    assert_eq!(
+        stored_gpu_rows(collector.store()),
+        expected_rows("node-a", &[(1, 1), (2, 1), (3, 1), (4, 1)])
+    );
     collector.shutdown().await;
 }

@@ -1,12 +1,14 @@
 //! Mutual TLS between agent and collector: a node with its certificate
-//! streams; a client whose certificate no trusted CA signed is refused; a
-//! node cannot write as another.
+//! streams; a client whose certificate no trusted CA signed is refused (and
+//! the collector logs the failed handshake); an agent that does not trust the
+//! collector says why; a node cannot write as another, nor into another's
+//! agent id; node names are compared case-insensitively, without the root dot.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use gputel_tests::{Running, collector_bin, fake_nvml, fixture, unused_port, wal_dir_of};
+use gputel_tests::{Running, collector_bin, fake_nvml, fixture, wal_dir_of};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 
 /// A CA and the PEM files it signs, in a directory.
@@ -52,10 +54,12 @@ impl Pki {
     }
 }
 
-fn tls_collector(pki: &Pki, store: &Path, port: u16) -> Running {
+/// A collector with mutual TLS on 127.0.0.1, a port of its choosing; it and
+/// the port.
+fn tls_collector(pki: &Pki, store: &Path) -> (Running, u16) {
     let (cert, key) = pki.issue("collector", &["localhost"]);
     let mut cmd = Command::new(collector_bin());
-    cmd.args(["--listen", &format!("127.0.0.1:{port}"), "--store"])
+    cmd.args(["--listen", "127.0.0.1:0", "--store"])
         .arg(store)
         .arg("--wal-dir")
         .arg(wal_dir_of(store))
@@ -66,12 +70,24 @@ fn tls_collector(pki: &Pki, store: &Path, port: u16) -> Running {
         .arg("--tls-client-ca")
         .arg(pki.ca());
     let mut collector = Running::spawn(cmd);
-    collector.wait_for_log("listening on ", Duration::from_secs(30));
-    collector
+    let addr = collector.listening_address();
+    let port = addr
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {addr:?}"));
+    (collector, port)
 }
 
 /// An agent as `node` with a certificate from `pki` for `cert_node`; its summary.
 fn tls_agent(ca: &Path, pki: &Pki, node: &str, cert_node: &str, port: u16) -> String {
+    let out =
+        Running::spawn(tls_agent_cmd(ca, pki, node, cert_node, port)).wait(Duration::from_secs(60));
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// The command of [`tls_agent`]: three ticks of 100 ms, 3 s to deliver them.
+fn tls_agent_cmd(ca: &Path, pki: &Pki, node: &str, cert_node: &str, port: u16) -> Command {
     let (cert, key) = pki.issue(cert_node, &[cert_node]);
     let mut cmd = Command::new(gputel_tests::agent_bin());
     cmd.arg("--nvml-lib")
@@ -96,8 +112,26 @@ fn tls_agent(ca: &Path, pki: &Pki, node: &str, cert_node: &str, port: u16) -> St
             "--drain-timeout",
             "3s",
         ]);
-    let out = Running::spawn(cmd).wait(Duration::from_secs(60));
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    cmd
+}
+
+/// Stored rows of the `node` table per node: (node, rows), by node.
+fn node_rows(dir: &Path, store: &Path) -> Vec<(String, i64)> {
+    gputel_tests::duckdb(
+        dir,
+        &format!(
+            "select node, count(*) as n from {} group by node order by node",
+            gputel_tests::table_scan(store, "node")
+        ),
+    )
+    .iter()
+    .map(|r| {
+        (
+            r["node"].as_str().expect("node name").to_owned(),
+            r["n"].as_i64().expect("count"),
+        )
+    })
+    .collect()
 }
 
 #[test]
@@ -105,8 +139,7 @@ fn mutual_tls_admits_a_node_as_itself_only() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let pki = Pki::new(tmp.path(), "cluster");
     let store = tmp.path().join("store");
-    let port = unused_port();
-    let mut collector = tls_collector(&pki, &store, port);
+    let (mut collector, port) = tls_collector(&pki, &store);
 
     // Node 50 with its own certificate: every tick is acknowledged.
     let summary = tls_agent(&pki.ca(), &pki, "gpu-node-050", "gpu-node-050", port);
@@ -124,10 +157,37 @@ fn mutual_tls_admits_a_node_as_itself_only() {
         Duration::from_secs(10),
     );
 
-    // A certificate from a CA the collector does not trust: refused.
+    // A certificate from a CA the collector does not trust: refused, and
+    // the collector says who failed the handshake and why.
     let rogue = Pki::new(tmp.path(), "rogue");
     let summary = tls_agent(&pki.ca(), &rogue, "gpu-node-050", "gpu-node-050", port);
     assert!(summary.contains("acknowledged=0 "), "{summary}");
+    let line = collector.wait_for_log("TLS handshake failed", Duration::from_secs(10));
+    assert!(
+        line.contains("peer=127.0.0.1:")
+            && line.contains("reason=\"invalid peer certificate: UnknownIssuer\""),
+        "{line}"
+    );
+
+    // An agent that does not trust the collector's CA says so, not just
+    // "transport error".
+    let mut distrusting = Running::spawn(tls_agent_cmd(
+        &rogue.ca(),
+        &pki,
+        "gpu-node-050",
+        "gpu-node-050",
+        port,
+    ));
+    let line = distrusting.wait_for_log("collector unreachable", Duration::from_secs(30));
+    assert!(
+        line.contains("invalid peer certificate: UnknownIssuer"),
+        "{line}"
+    );
+    let out = distrusting.wait(Duration::from_secs(60));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("acknowledged=0 "),
+        "{out:?}"
+    );
 
     assert!(
         collector
@@ -136,14 +196,120 @@ fn mutual_tls_admits_a_node_as_itself_only() {
             .success()
     );
     // Only the legitimate node's rows were stored.
-    let nodes = gputel_tests::duckdb(
-        tmp.path(),
-        &format!(
-            "select node, count(*) as n from {} group by node",
-            gputel_tests::table_scan(&store, "node")
-        ),
+    assert_eq!(
+        node_rows(tmp.path(), &store),
+        [("gpu-node-050".to_owned(), 3)]
     );
-    assert_eq!(nodes.len(), 1, "{nodes:?}");
-    assert_eq!(nodes[0]["node"], "gpu-node-050");
-    assert_eq!(nodes[0]["n"], 3);
+}
+
+/// The attack: node 050, with its own valid certificate, says hello with
+/// node 051's agent id (its spool's `agent.id`) and a sequence number of
+/// 2^62. It is refused with both nodes named, and its agent logs the reason
+/// and backs off; node 051's later batches are acknowledged to it and stored,
+/// every one.
+#[test]
+fn a_node_cannot_write_into_another_nodes_agent_id() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let pki = Pki::new(tmp.path(), "cluster");
+    let store = tmp.path().join("store");
+    let (mut collector, port) = tls_collector(&pki, &store);
+
+    let spool_b = tmp.path().join("spool-051");
+    let run_b = || {
+        let mut cmd = tls_agent_cmd(&pki.ca(), &pki, "gpu-node-051", "gpu-node-051", port);
+        cmd.arg("--spool-dir").arg(&spool_b);
+        let out = Running::spawn(cmd).wait(Duration::from_secs(60));
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let summary = run_b();
+    assert!(
+        summary.starts_with("ticks=3 batches=3 acknowledged=3 rejected=0 dropped=0"),
+        "{summary}"
+    );
+    let agent_id_b = std::fs::read_to_string(spool_b.join("agent.id"))
+        .expect("agent.id")
+        .trim()
+        .to_owned();
+
+    let spool_a = tmp.path().join("spool-050");
+    std::fs::create_dir_all(&spool_a).expect("mkdir");
+    std::fs::write(spool_a.join("agent.id"), format!("{agent_id_b}\n")).expect("write agent.id");
+    // An empty segment named after 2^62: the agent numbers from there.
+    std::fs::write(spool_a.join(format!("spool-{:020}.log", 1u64 << 62)), b"").expect("segment");
+    let mut cmd = tls_agent_cmd(&pki.ca(), &pki, "gpu-node-050", "gpu-node-050", port);
+    cmd.arg("--spool-dir").arg(&spool_a);
+    let mut attacker = Running::spawn(cmd);
+    let refused = attacker.wait_for_log("collector refused this agent", Duration::from_secs(30));
+    let reason = format!(
+        "agent id {agent_id_b} belongs to node gpu-node-051; node gpu-node-050 may not use it"
+    );
+    assert!(
+        refused.contains(&reason)
+            && refused.contains("PermissionDenied")
+            && refused.contains("retry_in=5s"),
+        "{refused}"
+    );
+    let out = attacker.wait(Duration::from_secs(60));
+    let summary = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        summary
+            .starts_with("ticks=3 batches=3 acknowledged=0 rejected=0 dropped=0 unacknowledged=3"),
+        "{summary}"
+    );
+    collector.find_log(&reason, Duration::from_secs(10));
+
+    // Node 051 carries on: its acks come to it, its rows are stored.
+    let summary = run_b();
+    assert!(
+        summary.starts_with("ticks=3 batches=3 acknowledged=")
+            && summary.contains("rejected=0 dropped=0 unacknowledged=0"),
+        "{summary}"
+    );
+    assert!(
+        collector
+            .terminate(Duration::from_secs(30))
+            .status
+            .success()
+    );
+    assert_eq!(
+        node_rows(tmp.path(), &store),
+        [("gpu-node-051".to_owned(), 6)]
+    );
+}
+
+/// `GPU-NODE-052.` and `gpu-node-052` are one node for a `gpu-node-052`
+/// certificate: one agent id's batches, stored under the canonical name.
+#[test]
+fn node_names_differing_in_case_or_root_dot_are_one_node() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let pki = Pki::new(tmp.path(), "cluster");
+    let store = tmp.path().join("store");
+    let (mut collector, port) = tls_collector(&pki, &store);
+    let spool = tmp.path().join("spool");
+    for node in ["GPU-NODE-052.", "gpu-node-052"] {
+        let mut cmd = tls_agent_cmd(&pki.ca(), &pki, node, "gpu-node-052", port);
+        cmd.arg("--spool-dir").arg(&spool);
+        let out = Running::spawn(cmd).wait(Duration::from_secs(60));
+        let summary = String::from_utf8_lossy(&out.stdout);
+        // (acknowledged counts the spool's batches of the run before too.)
+        assert!(
+            summary.starts_with("ticks=3 batches=3 acknowledged=")
+                && summary.contains("rejected=0 dropped=0 unacknowledged=0"),
+            "{node}: {summary}"
+        );
+    }
+    collector.find_log(
+        "node=gpu-node-052 sent_node=GPU-NODE-052.",
+        Duration::from_secs(10),
+    );
+    assert!(
+        collector
+            .terminate(Duration::from_secs(30))
+            .status
+            .success()
+    );
+    assert_eq!(
+        node_rows(tmp.path(), &store),
+        [("gpu-node-052".to_owned(), 6)]
+    );
 }
