@@ -146,26 +146,27 @@ impl Flusher {
         let mut timer = tokio::time::interval(interval);
         timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         timer.tick().await;
+        let mut failed = false;
         loop {
-            let stopping = tokio::select! {
-                _ = timer.tick() => false,
-                _ = self.shared.flush_now.notified() => false,
-                _ = stop.wait_for(|s| *s) => true,
+            let stopping = if failed {
+                // A failed flush is retried on its own clock, not at every
+                // refused batch's nudge (each attempt encodes the pending
+                // files again), nor only at the next interval.
+                let pause = RETRY_INTERVAL.min(interval);
+                tokio::time::timeout(pause, stop.wait_for(|s| *s))
+                    .await
+                    .is_ok()
+            } else {
+                tokio::select! {
+                    _ = timer.tick() => false,
+                    _ = self.shared.flush_now.notified() => false,
+                    _ = stop.wait_for(|s| *s) => true,
+                }
             };
             if stopping {
                 break;
             }
-            if !self.flush_logged().await {
-                // Not at every refused batch's nudge: each attempt encodes
-                // the pending files again.
-                let pause = RETRY_INTERVAL.min(interval);
-                if tokio::time::timeout(pause, stop.wait_for(|s| *s))
-                    .await
-                    .is_ok()
-                {
-                    break;
-                }
-            }
+            failed = !self.flush_logged().await;
         }
         self.shared.start_draining();
         // Last flush: retry for a while rather than exit with rows unwritten.

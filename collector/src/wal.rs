@@ -158,6 +158,13 @@ pub fn default_min_free_bytes(total: u64) -> u64 {
     (total / 20).min(MAX_DEFAULT_MIN_FREE)
 }
 
+/// A flush starts once the log holds this many times `--wal-min-free-bytes`
+/// not yet flushed. The Parquet files of a flush take about a tenth of its
+/// log bytes (measured on the load generator's rows), so they fit in the room
+/// kept free even where the log could otherwise fill most of the volume
+/// between two flushes.
+pub const FLUSH_AT_MIN_FREE_TIMES: u64 = 2;
+
 /// The default watermark's ceiling: room for the Parquet files of the rows a
 /// collector holds at most by default (--max-unwritten-rows), several times
 /// over, and for the state file a release writes.
@@ -322,6 +329,13 @@ impl Wal {
     /// none is not worth closing.
     pub fn holds_records(&self) -> bool {
         self.written > 0
+    }
+
+    /// Whether the records written since the last flush took their buffer
+    /// reach [`FLUSH_AT_MIN_FREE_TIMES`] the bytes kept free: flushed now,
+    /// their Parquet files (a fraction of their size) fit in the room kept.
+    pub fn wants_flush(&self) -> bool {
+        self.min_free > 0 && self.written >= self.min_free.saturating_mul(FLUSH_AT_MIN_FREE_TIMES)
     }
 
     /// Keeps `bytes` free on the log's volume: from now on a batch that would

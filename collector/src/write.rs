@@ -519,7 +519,8 @@ impl WritePath {
                 agent.received = batch.seq;
                 state.buffer.append(node, valid);
                 state.unsynced.insert(agent_id.to_owned(), batch.seq);
-                (None, state.buffer.rows() >= self.flush_rows)
+                let full = state.buffer.rows() >= self.flush_rows || state.wal.wants_flush();
+                (None, full)
             }
         };
         if let Some(durable) = duplicate_of_durable {
