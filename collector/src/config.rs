@@ -286,6 +286,13 @@ pub struct Settings {
     /// durable there, and replayed from it after a crash [default: ./gputel-wal].
     #[arg(long, value_name = "DIR")]
     pub wal_dir: Option<PathBuf>,
+    /// Bytes kept free on the volume of --wal-dir: a batch that would leave
+    /// less is refused with UNAVAILABLE (agents keep it and retry) and a
+    /// flush started, so that the flush always has room to write Parquet
+    /// and release log segments; 0 turns it off [default: 5 % of the volume,
+    /// at most 256 MiB].
+    #[arg(long, value_name = "BYTES")]
+    pub wal_min_free_bytes: Option<u64>,
     /// Longest time rows wait in memory before they are written [default: 60s].
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     #[serde(default, with = "humantime_serde")]
@@ -421,6 +428,7 @@ impl Settings {
             compact_interval: self.compact_interval.or(other.compact_interval),
             retention: self.retention.or(other.retention),
             wal_dir: self.wal_dir.or(other.wal_dir),
+            wal_min_free_bytes: self.wal_min_free_bytes.or(other.wal_min_free_bytes),
             flush_interval: self.flush_interval.or(other.flush_interval),
             flush_rows: self.flush_rows.or(other.flush_rows),
             max_unwritten_rows: self.max_unwritten_rows.or(other.max_unwritten_rows),
@@ -449,6 +457,9 @@ pub struct Config {
     pub compact_interval: Option<Duration>,
     pub retention: Retention,
     pub wal_dir: PathBuf,
+    /// Bytes kept free on the log's volume; None: derived from its size
+    /// ([`crate::wal::default_min_free_bytes`]).
+    pub wal_min_free_bytes: Option<u64>,
     pub flush_interval: Duration,
     pub flush_rows: usize,
     pub max_unwritten_rows: usize,
@@ -514,6 +525,7 @@ impl Config {
             listen: s.listen.unwrap_or(default_listen),
             store,
             wal_dir,
+            wal_min_free_bytes: s.wal_min_free_bytes,
             flush_interval: s.flush_interval.unwrap_or(Duration::from_secs(60)),
             flush_rows: s.flush_rows.unwrap_or(1_000_000),
             max_unwritten_rows: s.max_unwritten_rows.unwrap_or(4_000_000),

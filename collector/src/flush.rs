@@ -12,6 +12,7 @@ use gputel_schemas::PartitionPath;
 use tokio::sync::watch;
 use tracing::{error, info};
 
+use crate::log_throttle::{LogThrottle, root_cause};
 use crate::persist::{PersistError, write_file};
 use crate::store::Store;
 use crate::wal::WalError;
@@ -26,8 +27,13 @@ pub enum FlushError {
     Wal(#[from] WalError),
 }
 
-/// How often a failed write is retried while data waits.
+/// How often a failed write is retried while data waits (at most: a shorter
+/// flush interval retries at that interval).
 const RETRY_INTERVAL: Duration = Duration::from_secs(5);
+
+/// A flush failing for one cause is logged once per this interval, with the
+/// number of failures in between.
+pub const FAILURE_LOG_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Files to write, and the log segments they release once all are stored.
 #[derive(Debug)]
@@ -50,6 +56,9 @@ pub struct Flusher {
     shared: Arc<WritePath>,
     store: Store,
     queue: VecDeque<FlushUnit>,
+    failures: LogThrottle,
+    /// Failed flushes since the last one that succeeded.
+    failed_in_a_row: u64,
 }
 
 impl Flusher {
@@ -58,6 +67,8 @@ impl Flusher {
             shared,
             store,
             queue: VecDeque::new(),
+            failures: LogThrottle::new(FAILURE_LOG_INTERVAL),
+            failed_in_a_row: 0,
         }
     }
 
@@ -116,7 +127,10 @@ impl Flusher {
                 let path = PartitionPath::new(table, key, &taken.stem).expect("valid file stem");
                 (path, batch)
             })
-            .collect();
+            .collect::<Vec<_>>();
+        if files.is_empty() && taken.segments.is_empty() {
+            return Ok(());
+        }
         self.queue.push_back(FlushUnit {
             files,
             segments: taken.segments,
@@ -132,16 +146,27 @@ impl Flusher {
         let mut timer = tokio::time::interval(interval);
         timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         timer.tick().await;
+        let mut failed = false;
         loop {
-            let stopping = tokio::select! {
-                _ = timer.tick() => false,
-                _ = self.shared.flush_now.notified() => false,
-                _ = stop.wait_for(|s| *s) => true,
+            let stopping = if failed {
+                // A failed flush is retried on its own clock, not at every
+                // refused batch's nudge (each attempt encodes the pending
+                // files again), nor only at the next interval.
+                let pause = RETRY_INTERVAL.min(interval);
+                tokio::time::timeout(pause, stop.wait_for(|s| *s))
+                    .await
+                    .is_ok()
+            } else {
+                tokio::select! {
+                    _ = timer.tick() => false,
+                    _ = self.shared.flush_now.notified() => false,
+                    _ = stop.wait_for(|s| *s) => true,
+                }
             };
             if stopping {
                 break;
             }
-            self.flush_logged().await;
+            failed = !self.flush_logged().await;
         }
         self.shared.start_draining();
         // Last flush: retry for a while rather than exit with rows unwritten.
@@ -164,6 +189,14 @@ impl Flusher {
         self.shared.set_unwritten_rows(self.pending_rows());
         match result {
             Ok(report) => {
+                if self.failed_in_a_row > 0 {
+                    let unlogged = self.failures.recovered();
+                    info!(
+                        failures = self.failed_in_a_row,
+                        unlogged, "flushing works again"
+                    );
+                    self.failed_in_a_row = 0;
+                }
                 if report.files > 0 {
                     let stats = &self.shared.stats;
                     info!(
@@ -181,7 +214,18 @@ impl Flusher {
                 true
             }
             Err(e) => {
-                error!(error = %e, pending_files = self.pending_files(), "flush failed; will retry (the rows are safe in the write-ahead log)");
+                self.failed_in_a_row += 1;
+                let cause = root_cause(&e);
+                if let Some(unlogged) = self.failures.occurred(&cause, Instant::now()) {
+                    error!(
+                        error = %e,
+                        pending_files = self.pending_files(),
+                        failures = self.failed_in_a_row,
+                        unlogged,
+                        "flush failed; will retry (the rows are safe in the write-ahead log; \
+                         this cause is logged once a minute while it lasts)"
+                    );
+                }
                 false
             }
         }

@@ -18,6 +18,7 @@ pub mod config;
 pub mod flush;
 pub mod import;
 pub mod ingest;
+pub mod log_throttle;
 pub mod marker;
 pub mod persist;
 pub mod store;
@@ -114,7 +115,18 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         tls,
         alert_sink: alerts.as_ref().map(alert::PreparedAlerting::sink),
     };
-    let (wal, replayed) = wal::Wal::open(&config.wal_dir)?;
+    let (mut wal, replayed) = wal::Wal::open(&config.wal_dir)?;
+    let (free, total) = wal::volume_space(&config.wal_dir)?;
+    let min_free = config
+        .wal_min_free_bytes
+        .unwrap_or_else(|| wal::default_min_free_bytes(total));
+    wal.set_min_free_bytes(min_free);
+    info!(
+        wal = %config.wal_dir.display(),
+        free_bytes = free,
+        min_free_bytes = min_free,
+        "write-ahead log volume: batches are refused while less than min_free_bytes is free"
+    );
     if !replayed.records.is_empty() {
         info!(
             batches = replayed.records.len(),

@@ -68,6 +68,24 @@ pub enum WalError {
          remove {path}"
     )]
     StateLost { path: PathBuf, what: String },
+    #[error(
+        "the volume of the write-ahead log {dir} has {free} bytes free, under the \
+         {min_free} (--wal-min-free-bytes) kept for writing Parquet and releasing log \
+         segments; new batches wait until a flush frees room"
+    )]
+    LowSpace {
+        dir: PathBuf,
+        free: u64,
+        min_free: u64,
+    },
+}
+
+impl WalError {
+    /// Whether the log refused a batch to keep room on its volume: a flush,
+    /// not a retry of the same write, is what helps.
+    pub fn is_low_space(&self) -> bool {
+        matches!(self, WalError::LowSpace { .. })
+    }
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> WalError + '_ {
@@ -120,7 +138,38 @@ pub struct Wal {
     /// buffer and must be released with it.
     closed_on_error: Vec<u64>,
     dirty: bool,
+    /// Bytes kept free on the log's volume: batches that would leave less
+    /// are refused (0: never).
+    min_free: u64,
 }
+
+/// Free and total bytes of the file system holding `dir`, as an unprivileged
+/// writer sees them (blocks reserved for root are not free).
+pub fn volume_space(dir: &Path) -> Result<(u64, u64), WalError> {
+    let stat = rustix::fs::statvfs(dir).map_err(|e| io(dir)(e.into()))?;
+    Ok((
+        stat.f_bavail.saturating_mul(stat.f_frsize),
+        stat.f_blocks.saturating_mul(stat.f_frsize),
+    ))
+}
+
+/// The default of `--wal-min-free-bytes` on a volume of `total` bytes: 5 %
+/// of it, at most [`MAX_DEFAULT_MIN_FREE`].
+pub fn default_min_free_bytes(total: u64) -> u64 {
+    (total / 20).min(MAX_DEFAULT_MIN_FREE)
+}
+
+/// A flush starts once the log holds this many times `--wal-min-free-bytes`
+/// not yet flushed. The Parquet files of a flush take about a tenth of its
+/// log bytes (measured on the load generator's rows), so they fit in the room
+/// kept free even where the log could otherwise fill most of the volume
+/// between two flushes.
+pub const FLUSH_AT_MIN_FREE_TIMES: u64 = 2;
+
+/// The default watermark's ceiling: room for the Parquet files of the rows a
+/// collector holds at most by default (--max-unwritten-rows), several times
+/// over, and for the state file a release writes.
+pub const MAX_DEFAULT_MIN_FREE: u64 = 256 * 1024 * 1024;
 
 impl Wal {
     /// Opens (or creates) the log in `dir`, replays what it holds, and starts
@@ -139,7 +188,7 @@ impl Wal {
                 reason: "its segment number is implausibly large; move the file out of the log directory".into(),
             });
         }
-        let state = read_state(&state_path, !segments.is_empty())?;
+        let (state, new_identity) = read_state(&state_path, !segments.is_empty())?;
         if state.next_segment > MAX_SEGMENT || state.released_through > MAX_SEGMENT {
             return Err(WalError::Corrupt {
                 path: state_path,
@@ -209,12 +258,27 @@ impl Wal {
                 replayed.torn_bytes += tail.length;
             }
         }
-        replayed.segments = segments.clone();
-        let next = segments
-            .last()
-            .map_or(1, |s| s + 1)
-            .max(state.next_segment)
-            .max(1);
+        // An empty last segment (the one a previous run was writing, or a
+        // torn record cut off) is written on, not followed by one more: a
+        // collector restarted over and over (on a full disk, say) adds no
+        // files. Never one whose number a file in the store may carry.
+        let reuse = match segments.last() {
+            Some(&last) if last + 1 >= state.next_segment => {
+                let path = segment_path(dir, last);
+                fs::metadata(&path).map_err(io(&path))?.len() == 0
+            }
+            _ => false,
+        };
+        let next = if reuse {
+            segments.pop().unwrap_or(1)
+        } else {
+            segments
+                .last()
+                .map_or(1, |s| s + 1)
+                .max(state.next_segment)
+                .max(1)
+        };
+        replayed.segments = segments;
         let (file, sync_handle) = create_segment(dir, next)?;
         let mut wal = Wal {
             dir: dir.to_owned(),
@@ -225,6 +289,7 @@ impl Wal {
             written: 0,
             closed_on_error: Vec::new(),
             dirty: false,
+            min_free: 0,
         };
         for record in &replayed.records {
             if let Some(batch) = &record.batch {
@@ -232,8 +297,13 @@ impl Wal {
                 wal.note_owner(&record.agent_id, &record.node);
             }
         }
-        // Write the state now: the collector id must not change after this.
-        wal.save_state()?;
+        // A new identity is written at once: the collector id must not change
+        // after this. An existing state file is left as it is (what replay
+        // learnt is still in the segments, and the next release saves it), so
+        // a collector starts on a full disk.
+        if new_identity {
+            wal.save_state()?;
+        }
         Ok((wal, replayed))
     }
 
@@ -255,6 +325,25 @@ impl Wal {
     /// The segment being written.
     pub fn segment(&self) -> u64 {
         self.segment
+    }
+
+    /// Whether the segment being written holds any record; one that holds
+    /// none is not worth closing.
+    pub fn holds_records(&self) -> bool {
+        self.written > 0
+    }
+
+    /// Whether the records written since the last flush took their buffer
+    /// reach [`FLUSH_AT_MIN_FREE_TIMES`] the bytes kept free: flushed now,
+    /// their Parquet files (a fraction of their size) fit in the room kept.
+    pub fn wants_flush(&self) -> bool {
+        self.min_free > 0 && self.written >= self.min_free.saturating_mul(FLUSH_AT_MIN_FREE_TIMES)
+    }
+
+    /// Keeps `bytes` free on the log's volume: from now on a batch that would
+    /// leave less is refused with [`WalError::LowSpace`]. 0 turns it off.
+    pub fn set_min_free_bytes(&mut self, bytes: u64) {
+        self.min_free = bytes;
     }
 
     /// Appends an agent's batch as a record (without copying the batch);
@@ -279,6 +368,17 @@ impl Wal {
         let start = payload.len();
         batch.encode_raw(&mut payload);
         let fingerprint = XxHash64::oneshot(0, &payload[start..]);
+        if self.min_free > 0 {
+            let (free, _) = volume_space(&self.dir)?;
+            let needed = payload.len() as u64 + framing::HEADER_BYTES as u64;
+            if free < self.min_free.saturating_add(needed) {
+                return Err(WalError::LowSpace {
+                    dir: self.dir.clone(),
+                    free,
+                    min_free: self.min_free,
+                });
+            }
+        }
         self.append_payload(&payload)?;
         Ok(fingerprint)
     }
@@ -478,7 +578,7 @@ pub fn check(dir: &Path) -> Result<CheckReport, WalError> {
     segments.sort_unstable();
     let state_path = dir.join(STATE_FILE);
     match read_state(&state_path, !segments.is_empty()) {
-        Ok(state) => report.lines.push(format!(
+        Ok((state, _)) => report.lines.push(format!(
             "{}: collector {}, {} agents, segments up to {} released",
             state_path.display(),
             state.collector_id,
@@ -649,7 +749,7 @@ fn quarantine(dir: &Path, segment: u64, bytes: &[u8], stretch: &Stretch) -> Resu
 /// refused, with what to do, rather than replayed under a new one, which
 /// would store its rows a second time under other file names and forget the
 /// sequence numbers agents were told are durable.
-fn read_state(path: &Path, has_segments: bool) -> Result<WalState, WalError> {
+fn read_state(path: &Path, has_segments: bool) -> Result<(WalState, bool), WalError> {
     let lost = |what: &str| WalError::StateLost {
         path: path.to_owned(),
         what: what.to_owned(),
@@ -664,19 +764,20 @@ fn read_state(path: &Path, has_segments: bool) -> Result<WalState, WalError> {
             if bytes.is_empty() || state.collector_id.is_empty() {
                 return Err(lost("is empty"));
             }
-            Ok(state)
+            Ok((state, false))
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             if has_segments {
                 return Err(lost("is missing"));
             }
-            Ok(WalState {
+            let state = WalState {
                 collector_id: uuid::Uuid::new_v4().simple().to_string()[..12].to_owned(),
                 durable: HashMap::new(),
                 next_segment: 1,
                 released_through: 0,
                 owners: HashMap::new(),
-            })
+            };
+            Ok((state, true))
         }
         Err(e) => Err(io(path)(e)),
     }
@@ -824,6 +925,40 @@ mod tests {
         let state =
             WalState::decode(fs::read(dir.path().join(STATE_FILE)).unwrap().as_slice()).unwrap();
         assert_eq!(state.durable["a"], 1);
+    }
+
+    /// A start changes nothing on disk that it need not: an existing state
+    /// file is not rewritten (a full disk has no room for its copy), and an
+    /// empty last segment is written on rather than followed by another, so
+    /// a collector restarted again and again adds no files.
+    #[test]
+    fn a_start_writes_no_state_and_adds_no_empty_segment() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (mut wal, _) = Wal::open(dir.path()).unwrap();
+        append(&mut wal, &record("a", 1)).unwrap();
+        wal.sync().unwrap();
+        drop(wal);
+        let state = dir.path().join(STATE_FILE);
+        let inode = fs::metadata(&state).unwrap().ino();
+        let saved = fs::read(&state).unwrap();
+        for start in 1..=3 {
+            let (wal, replayed) = Wal::open(dir.path()).unwrap();
+            assert_eq!(seqs(&replayed.records), [("a".into(), 1)], "start {start}");
+            assert_eq!(replayed.segments, [1], "start {start}");
+            assert_eq!(wal.segment(), 2, "start {start}");
+            assert!(!wal.holds_records());
+            drop(wal);
+            assert_eq!(list_segments(dir.path()).unwrap().len(), 2, "start {start}");
+            assert_eq!(fs::metadata(&state).unwrap().ino(), inode, "start {start}");
+            assert_eq!(fs::read(&state).unwrap(), saved, "start {start}");
+        }
+        // Once released, numbers still only grow: the next segment is new.
+        let (mut wal, replayed) = Wal::open(dir.path()).unwrap();
+        wal.release(&replayed.segments).unwrap();
+        append(&mut wal, &record("a", 2)).unwrap();
+        let closed = wal.rotate().unwrap();
+        assert_eq!((closed, wal.segment()), (2, 3));
     }
 
     /// A crash between saving the state and deleting the released segments

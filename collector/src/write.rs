@@ -416,12 +416,17 @@ impl WritePath {
     }
 
     /// Takes the buffered rows. Closes the current log segment first (which
-    /// syncs it, so what waited for a sync is acknowledged here).
+    /// syncs it, so what waited for a sync is acknowledged here), unless it
+    /// holds no record: a flush retried on a failing store adds no file.
     pub fn take(&self) -> Result<Taken, WalError> {
         self.taken.beat();
         let mut guard = self.lock();
         let state = &mut *guard;
-        let closed = state.wal.rotate()?;
+        let closed = if state.wal.holds_records() {
+            Some(state.wal.rotate()?)
+        } else {
+            None
+        };
         let synced = std::mem::take(&mut state.unsynced);
         acknowledge(&mut state.agents, &mut state.wal, synced);
         let cutoff = self.clock.now_us().saturating_sub(AGENT_RETENTION_US);
@@ -436,9 +441,13 @@ impl WritePath {
             state.wal.forget(id);
         }
         state.segments.extend(state.wal.take_closed_on_error());
-        state.segments.push(closed);
+        state.segments.extend(closed);
         let segments = std::mem::take(&mut state.segments);
-        let first = segments.iter().min().copied().unwrap_or(closed);
+        let first = segments
+            .iter()
+            .min()
+            .copied()
+            .unwrap_or(state.wal.segment());
         Ok(Taken {
             buffer: std::mem::take(&mut state.buffer),
             stem: format!("{}-{first:016}", state.wal.collector_id()),
@@ -629,15 +638,23 @@ impl WritePath {
                     max: self.max_unwritten_rows,
                 });
             } else {
-                let fingerprint = state
-                    .wal
-                    .append_batch(agent_id, node, batch)
-                    .map_err(LogUnavailable)?;
+                let fingerprint = match state.wal.append_batch(agent_id, node, batch) {
+                    Ok(fingerprint) => fingerprint,
+                    Err(e) => {
+                        drop(guard);
+                        if e.is_low_space() {
+                            // Room comes back when a flush releases segments.
+                            self.flush_now.notify_one();
+                        }
+                        return Err(LogUnavailable(e).into());
+                    }
+                };
                 agent.received = batch.seq;
                 agent.remember(batch.seq, fingerprint);
                 state.buffer.append(node, valid);
                 state.unsynced.insert(agent_id.to_owned(), batch.seq);
-                (None, state.buffer.rows() >= self.flush_rows)
+                let full = state.buffer.rows() >= self.flush_rows || state.wal.wants_flush();
+                (None, full)
             }
         };
         if let Some(durable) = duplicate_of_durable {

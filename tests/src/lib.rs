@@ -196,8 +196,20 @@ impl Running {
         assert!(status.success(), "kill -{signal} failed");
     }
 
+    /// Sends SIGTERM, waits for the process to exit, and returns its stdout
+    /// and every stderr line it wrote, to its last.
+    pub fn terminate_with_log(mut self, timeout: Duration) -> (Output, Vec<String>) {
+        self.send_signal("TERM");
+        let out = self.wait_for_exit(timeout);
+        (out, std::mem::take(&mut self.log))
+    }
+
     /// Waits for the process to exit by itself; returns its output.
     pub fn wait(mut self, timeout: Duration) -> Output {
+        self.wait_for_exit(timeout)
+    }
+
+    fn wait_for_exit(&mut self, timeout: Duration) -> Output {
         let mut child = self.child.take().expect("running");
         let deadline = std::time::Instant::now() + timeout;
         while child.try_wait().expect("try_wait").is_none() {

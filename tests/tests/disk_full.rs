@@ -14,7 +14,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use gputel_tests::{
-    Running, assert_gpu_rows_exactly_once, collector_bin, duckdb_value, fixture_agent,
+    Running, assert_gpu_rows_exactly_once, collector_bin, duckdb_value, fixture_agent, loadgen_bin,
     summary_field, table_scan,
 };
 use serde_json::json;
@@ -66,12 +66,14 @@ fn fill(dir: &Path) -> PathBuf {
     path
 }
 
-#[test]
-fn a_full_disk_stops_acknowledgements_and_loses_nothing_when_space_returns() {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let (holder, disk) = small_disk(&tmp.path().join("disk"), "16m");
-    let mounted = tmp.path().join("disk");
-
+/// A collector in `holder`'s mount namespace with its store and log on the
+/// small disk mounted at `mounted`, flushing every `flush_interval`.
+fn collector_on_disk(
+    holder: &Running,
+    mounted: &Path,
+    flush_interval: &str,
+    args: &[&str],
+) -> Running {
     let mut collector = Command::new("nsenter");
     collector
         .args(["--target", &holder.pid().to_string()])
@@ -82,14 +84,43 @@ fn a_full_disk_stops_acknowledgements_and_loses_nothing_when_space_returns() {
             "--listen",
             "127.0.0.1:0",
             "--flush-interval",
-            "300ms",
+            flush_interval,
         ])
         .arg("--store")
         .arg(mounted.join("store"))
         .arg("--wal-dir")
         .arg(mounted.join("wal"))
+        .args(args)
         .env("RUST_LOG", "info");
-    let mut collector = Running::spawn(collector);
+    Running::spawn(collector)
+}
+
+/// Lines of `log` that contain `needle`.
+fn lines_with(log: &[String], needle: &str) -> usize {
+    log.iter().filter(|l| l.contains(needle)).count()
+}
+
+/// The names of the log segment files in `wal`, sorted.
+fn segment_files(wal: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(wal)
+        .expect("read the log directory")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("wal-") && n.ends_with(".log"))
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn a_full_disk_stops_acknowledgements_and_loses_nothing_when_space_returns() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (holder, disk) = small_disk(&tmp.path().join("disk"), "16m");
+    let mounted = tmp.path().join("disk");
+
+    // The watermark off: this is a disk something else fills to the last
+    // byte, so the log's own writes fail (the watermark has its test below).
+    let mut collector =
+        collector_on_disk(&holder, &mounted, "300ms", &["--wal-min-free-bytes", "0"]);
     let addr = collector.listening_address();
 
     let mut agent = fixture_agent("gpu-node-031");
@@ -141,5 +172,170 @@ fn a_full_disk_stops_acknowledgements_and_loses_nothing_when_space_returns() {
         ),
         json!(TICKS)
     );
+    drop(holder);
+}
+
+/// Simulated agents streaming as fast as the collector takes their rows.
+const LOAD_AGENTS: u64 = 2;
+const LOAD_TICKS: u64 = 19_000;
+const LOAD_GPUS: u64 = 8;
+
+/// The collector's log and store share one small volume, and flushes only
+/// when its log nears the watermark: the log fills the volume down to the
+/// watermark again and again under load. Each time, batches are refused with
+/// UNAVAILABLE (the agents keep them) and a flush starts, which has room to
+/// write its Parquet files and release the log segments; then batches are
+/// taken again, with nobody's help. Every row is stored once, no flush
+/// fails, and the log holds one segment file per flush.
+#[test]
+fn a_log_that_fills_its_own_volume_refuses_batches_flushes_and_recovers_by_itself() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (holder, disk) = small_disk(&tmp.path().join("disk"), "32m");
+    let mounted = tmp.path().join("disk");
+    let mut collector = collector_on_disk(
+        &holder,
+        &mounted,
+        // Flushes come from the watermark only.
+        "1h",
+        &[
+            "--flush-rows",
+            "100000000",
+            "--max-unwritten-rows",
+            "100000000",
+            "--compact-interval",
+            "0",
+            // 12 MiB: a flush starts at 24 MiB of log, more than there is
+            // room for, so the log meets the watermark first, every time.
+            "--wal-min-free-bytes",
+            "12582912",
+        ],
+    );
+    let addr = collector.listening_address();
+    let mut loadgen = Command::new(loadgen_bin());
+    loadgen
+        .args(["--collector", &format!("http://{addr}")])
+        .args(["--agents", &LOAD_AGENTS.to_string()])
+        .args(["--gpus", &LOAD_GPUS.to_string()])
+        .args(["--ticks", &LOAD_TICKS.to_string(), "--window", "500"])
+        .args(["--timeout", "100s"]);
+    let loadgen = Running::spawn(loadgen);
+
+    let refused = collector.wait_for_log("batch not taken in", Duration::from_secs(60));
+    assert!(
+        refused.contains("(--wal-min-free-bytes) kept for writing Parquet"),
+        "refused for the watermark, before the volume is full: {refused}"
+    );
+    let out = loadgen.wait(Duration::from_secs(120));
+    let summary = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert!(out.status.success(), "loadgen: {summary}");
+    let batches = LOAD_AGENTS * LOAD_TICKS;
+    assert!(
+        summary.contains(&format!(
+            "batches={batches} acknowledged={batches} rejected=0 dropped=0"
+        )),
+        "{summary}"
+    );
+    let (stopped, log) = collector.terminate_with_log(Duration::from_secs(60));
+    assert!(stopped.status.success(), "{}", log.join("\n"));
+    let refusals = lines_with(&log, "batch not taken in");
+    let flushes = lines_with(&log, "flushed files=");
+    eprintln!("{refusals} refusals, {flushes} flushes");
+
+    assert_eq!(lines_with(&log, "flush failed"), 0);
+    assert_eq!(lines_with(&log, "No space left on device"), 0);
+    let store = disk.join("store");
+    assert_gpu_rows_exactly_once(tmp.path(), &store, batches * LOAD_GPUS);
+    // Each flush that wrote rows closed one segment, and names its files
+    // after it: one segment more (the empty one being written) than flushes.
+    let units = duckdb_value(
+        tmp.path(),
+        &format!(
+            "select count(distinct regexp_extract(filename, '([^/]*)\\.parquet$', 1)) \
+             from read_parquet('{}/gpu/*/*/*.parquet', filename = true)",
+            store.display()
+        ),
+    )
+    .as_u64()
+    .expect("a count");
+    assert!(
+        units > 1,
+        "the log filled the volume more than once: {units}"
+    );
+    assert_eq!(
+        segment_files(&disk.join("wal")),
+        [format!("wal-{:016}.log", units + 1)]
+    );
+    drop(holder);
+}
+
+/// A collector killed with rows in its log starts again on a volume that is
+/// full to the last byte: it rewrites no state file and adds no segment, so
+/// it serves (refusing batches with UNAVAILABLE, logging its failing flush
+/// once), and once space returns it writes what its log held and what the
+/// agent kept meanwhile, each row once.
+#[test]
+fn a_collector_starts_on_a_full_volume_and_catches_up_when_space_returns() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (holder, disk) = small_disk(&tmp.path().join("disk"), "16m");
+    let mounted = tmp.path().join("disk");
+    let run_agent = |addr: &str, spool: &str| {
+        let mut agent = fixture_agent("gpu-node-032");
+        agent
+            .args(["--collector", &format!("http://{addr}")])
+            .args([
+                "--interval",
+                "100ms",
+                "--ticks",
+                "20",
+                "--drain-timeout",
+                "60s",
+            ])
+            .arg("--spool-dir")
+            .arg(tmp.path().join(spool));
+        Running::spawn(agent)
+    };
+    let summary_of = |agent: Running| {
+        let out = agent.wait(Duration::from_secs(90));
+        let summary = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        assert!(out.status.success(), "agent failed: {summary}");
+        assert_eq!(summary_field(&summary, "acknowledged"), "20", "{summary}");
+        assert_eq!(summary_field(&summary, "unacknowledged"), "0", "{summary}");
+    };
+
+    // 20 ticks acknowledged, none flushed, then a crash.
+    let mut first = collector_on_disk(&holder, &mounted, "1h", &[]);
+    let addr = first.listening_address();
+    summary_of(run_agent(&addr, "spool-1"));
+    assert!(
+        !first
+            .signal("KILL", Duration::from_secs(10))
+            .status
+            .success()
+    );
+    let segments = segment_files(&disk.join("wal"));
+    assert_eq!(segments, ["wal-0000000000000001.log"]);
+
+    let filler = fill(&disk);
+    let mut second = collector_on_disk(&holder, &mounted, "300ms", &[]);
+    let addr = second.listening_address();
+    second.wait_for_log("flush failed", Duration::from_secs(30));
+    let agent = run_agent(&addr, "spool-2");
+    // Refused while the volume is full; the agent keeps its batches.
+    let refused = second.wait_for_log("batch not taken in", Duration::from_secs(30));
+    assert!(refused.contains("has 0 bytes free"), "{refused}");
+    for _ in 0..3 {
+        second.wait_for_log("batch not taken in", Duration::from_secs(30));
+    }
+    std::fs::remove_file(&filler).expect("remove the filler");
+    summary_of(agent);
+    let (stopped, log) = second.terminate_with_log(Duration::from_secs(60));
+    assert!(stopped.status.success(), "{}", log.join("\n"));
+    // One line while the flush failed, however often it was retried, and
+    // one when it worked again.
+    assert_eq!(lines_with(&log, "flush failed"), 1, "{}", log.join("\n"));
+    assert_eq!(lines_with(&log, "flushing works again"), 1);
+
+    let store = disk.join("store");
+    assert_gpu_rows_exactly_once(tmp.path(), &store, 2 * 20 * 8);
     drop(holder);
 }
