@@ -2,8 +2,8 @@
 //! client's certificate, validates each batch, hands it to the write path,
 //! and sends the agent its welcome, acks and rejects.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use gputel_proto::v1::telemetry_server::Telemetry;
 use gputel_proto::v1::{Ack, Reject, Welcome};
@@ -13,6 +13,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, Response, Status, Streaming};
 use tracing::{debug, error, info, warn};
 
+use crate::log_throttle::{LogThrottle, root_cause};
 use crate::validate::{canonical_node, validate_batch, validate_hello};
 use crate::write::{Accepted, AckSink, Refused, WritePath};
 
@@ -21,6 +22,10 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Messages queued towards one agent (acks, rejects) before new ones are
 /// dropped; acks are cumulative, so a dropped one is covered by the next.
 const OUTBOUND_QUEUE: usize = 256;
+/// While batches are refused for want of room (rate, store, log), one line
+/// per cause per this interval, with a count: every agent retries, so one
+/// line per refused batch would be thousands a minute.
+const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(60);
 
 type Outbound = mpsc::Sender<Result<CollectorMessage, Status>>;
 
@@ -45,6 +50,7 @@ pub struct IngestService {
     shared: Arc<WritePath>,
     closing: watch::Receiver<bool>,
     require_identity: bool,
+    refusals: Arc<Mutex<LogThrottle>>,
 }
 
 impl IngestService {
@@ -60,6 +66,7 @@ impl IngestService {
             shared,
             closing,
             require_identity,
+            refusals: Arc::new(Mutex::new(LogThrottle::new(REFUSAL_LOG_INTERVAL))),
         }
     }
 }
@@ -109,6 +116,7 @@ impl Telemetry for IngestService {
             certificate,
             peer,
             id: self.shared.new_session_id(),
+            refusals: Arc::clone(&self.refusals),
         };
         tokio::spawn(session.run(inbound, self.closing.clone()));
         Ok(Response::new(ReceiverStream::new(rx)))
@@ -122,6 +130,8 @@ struct Session {
     certificate: Option<Vec<u8>>,
     peer: String,
     id: u64,
+    /// Shared by every session: refusals are logged per cause, not per batch.
+    refusals: Arc<Mutex<LogThrottle>>,
 }
 
 impl Session {
@@ -246,24 +256,47 @@ impl Session {
             }
             // The agent keeps the batch and retries after a backoff.
             Err(e @ Refused::OverRate { .. }) => {
-                warn!(node, agent_id, "agent over its rate: batch refused");
+                if let Some(unlogged) = self.refusal_news("over its rate") {
+                    warn!(
+                        node,
+                        agent_id, unlogged, "agent over its rate: batch refused"
+                    );
+                }
                 return Err(Status::resource_exhausted(e.to_string()));
             }
             Err(e @ Refused::StoreBehind { .. }) => {
-                warn!(
-                    node,
-                    agent_id, "store behind: batch refused until it catches up"
-                );
+                if let Some(unlogged) = self.refusal_news("store behind") {
+                    warn!(
+                        node,
+                        agent_id, unlogged, "store behind: batch refused until it catches up"
+                    );
+                }
                 return Err(Status::resource_exhausted(e.to_string()));
             }
             // Ending the stream makes the agent resend from its last
             // acknowledged batch, once the log works again.
             Err(Refused::Log(e)) => {
-                error!(node, agent_id, seq = batch.seq, error = %e, "batch not taken in");
+                let cause = if e.is_low_space() {
+                    "free space below the watermark".to_owned()
+                } else {
+                    root_cause(&e)
+                };
+                if let Some(unlogged) = self.refusal_news(&cause) {
+                    error!(node, agent_id, seq = batch.seq, unlogged, error = %e, "batch not taken in; further refusals for this cause are counted, logged once a minute");
+                }
                 return Err(Status::unavailable(e.to_string()));
             }
         }
         Ok(())
+    }
+
+    /// Whether a refusal for `cause` is to be logged now, and how many went
+    /// unlogged since the last line for it.
+    fn refusal_news(&self, cause: &str) -> Option<u64> {
+        self.refusals
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .occurred(cause, Instant::now())
     }
 
     /// Refuses one batch for good: the agent drops it and logs the reason;

@@ -285,6 +285,13 @@ pub struct Taken {
 #[error("the collector cannot write its log: {0}; retry later")]
 pub struct LogUnavailable(#[from] WalError);
 
+impl LogUnavailable {
+    /// Whether the log refused to keep room on its volume (see [`WalError::is_low_space`]).
+    pub fn is_low_space(&self) -> bool {
+        self.0.is_low_space()
+    }
+}
+
 impl WritePath {
     /// The shared state over an opened log, with what it replayed already in
     /// the buffer.

@@ -11,7 +11,7 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use gputel_tests::{
     Running, assert_gpu_rows_exactly_once, collector_bin, duckdb_value, fixture_agent, loadgen_bin,
@@ -221,6 +221,7 @@ fn a_log_that_fills_its_own_volume_refuses_batches_flushes_and_recovers_by_itsel
     let loadgen = Running::spawn(loadgen);
 
     let refused = collector.wait_for_log("batch not taken in", Duration::from_secs(60));
+    let first_refusal = Instant::now();
     assert!(
         refused.contains("(--wal-min-free-bytes) kept for writing Parquet"),
         "refused for the watermark, before the volume is full: {refused}"
@@ -239,7 +240,15 @@ fn a_log_that_fills_its_own_volume_refuses_batches_flushes_and_recovers_by_itsel
     assert!(stopped.status.success(), "{}", log.join("\n"));
     let refusals = lines_with(&log, "batch not taken in");
     let flushes = lines_with(&log, "flushed files=");
-    eprintln!("{refusals} refusals, {flushes} flushes");
+    eprintln!("{refusals} refusal lines, {flushes} flushes");
+    // One line per cause a minute, however many batches were refused (one
+    // line per refused batch was dozens here).
+    let most = 1 + first_refusal.elapsed().as_secs() / 60;
+    assert!(
+        (1..=most).contains(&(refusals as u64)),
+        "{refusals} refusal lines, at most {most} expected:\n{}",
+        log.join("\n")
+    );
 
     assert_eq!(lines_with(&log, "flush failed"), 0);
     assert_eq!(lines_with(&log, "No space left on device"), 0);
@@ -322,10 +331,8 @@ fn a_collector_starts_on_a_full_volume_and_catches_up_when_space_returns() {
     let agent = run_agent(&addr, "spool-2");
     // Refused while the volume is full; the agent keeps its batches.
     let refused = second.wait_for_log("batch not taken in", Duration::from_secs(30));
+    let first_refusal = Instant::now();
     assert!(refused.contains("has 0 bytes free"), "{refused}");
-    for _ in 0..3 {
-        second.wait_for_log("batch not taken in", Duration::from_secs(30));
-    }
     std::fs::remove_file(&filler).expect("remove the filler");
     summary_of(agent);
     let (stopped, log) = second.terminate_with_log(Duration::from_secs(60));
@@ -334,6 +341,10 @@ fn a_collector_starts_on_a_full_volume_and_catches_up_when_space_returns() {
     // one when it worked again.
     assert_eq!(lines_with(&log, "flush failed"), 1, "{}", log.join("\n"));
     assert_eq!(lines_with(&log, "flushing works again"), 1);
+    // Refused batches: one line per cause a minute, with a count.
+    let most = 1 + first_refusal.elapsed().as_secs() / 60;
+    let refusals = lines_with(&log, "batch not taken in") as u64;
+    assert!((1..=most).contains(&refusals), "{refusals} > {most}");
 
     let store = disk.join("store");
     assert_gpu_rows_exactly_once(tmp.path(), &store, 2 * 20 * 8);
