@@ -76,6 +76,15 @@ pub enum WalCommand {
                   record (a crash mid-write) was never acknowledged and is dropped."
     )]
     Check(WalDir),
+    /// Repairs the write-ahead log as a start would, without serving.
+    #[command(
+        long_about = "Does to the write-ahead log what the collector does at start, \
+                  and nothing else: each damaged stretch is copied to <wal-dir>/quarantine/ \
+                  and skipped, a torn last record (never acknowledged) is cut off. The intact \
+                  records stay in the log, for the collector to write at its next start. \
+                  Prints what it did. Run it with the collector stopped."
+    )]
+    Salvage(WalDir),
 }
 
 /// Where the log is: `--wal-dir`, else the `--config` file's, else the default.

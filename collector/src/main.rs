@@ -18,6 +18,23 @@ async fn main() -> anyhow::Result<()> {
             }
             std::process::exit(i32::from(report.damaged));
         }
+        Some(Command::Wal(WalCommand::Salvage(args))) => {
+            gputel_runtime::logging::init("info")?;
+            let dir = args.resolve()?;
+            let (_, replayed) = wal::Wal::open(&dir)
+                .with_context(|| format!("cannot salvage the log in {}", dir.display()))?;
+            let lost: u64 = replayed.damaged.iter().map(|d| d.bytes).sum();
+            println!(
+                "{}: {} intact records kept for the collector to write; {} damaged stretches \
+                 ({lost} bytes) copied to {}/quarantine/ and skipped; {} torn bytes cut off",
+                dir.display(),
+                replayed.records.len(),
+                replayed.damaged.len(),
+                dir.display(),
+                replayed.torn_bytes
+            );
+            return Ok(());
+        }
         None => {}
     }
     let shutdown =

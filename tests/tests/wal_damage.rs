@@ -105,6 +105,27 @@ fn a_record_damaged_mid_log_costs_only_itself() {
         "check changes nothing"
     );
 
+    // Salvage does what a start does to the log, without serving.
+    let out = Command::new(collector_bin())
+        .args(["wal", "salvage", "--wal-dir"])
+        .arg(&wal)
+        .output()
+        .expect("run gputel-collector wal salvage");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{said}");
+    assert_eq!(
+        said.trim(),
+        format!(
+            "{}: 99 intact records kept for the collector to write; 1 damaged stretches \
+             ({} bytes) copied to {}/quarantine/ and skipped; 0 torn bytes cut off",
+            wal.display(),
+            offsets[51] - offsets[50],
+            wal.display()
+        )
+    );
+    let (code, report) = wal_check(&wal);
+    assert_eq!(code, Some(1), "the damage is still there to see: {report}");
+
     let (mut collector, _) = start_collector(&store, &["--flush-interval", "1h"]);
     collector.find_log("write-ahead log damaged", Duration::from_secs(30));
     assert!(
