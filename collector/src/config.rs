@@ -56,7 +56,7 @@ pub struct Cli {
 pub enum Command {
     ImportJobs(ImportJobs),
     Compact(Compact),
-    /// Inspects the write-ahead log.
+    /// Inspects or repairs the write-ahead log.
     #[command(subcommand)]
     Wal(WalCommand),
 }
