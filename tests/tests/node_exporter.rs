@@ -164,15 +164,21 @@ fn parse_exposition(text: &str) -> Exposition {
     out
 }
 
-/// `gputel-agent --once --sources node,ib` on `capture`'s trees.
-fn agent_once(capture: &Path) -> Value {
-    let out = Command::new(agent_bin())
-        .args(["--once", "--node", "capture", "--interval", "50ms"])
-        .args(["--sources", "node,ib"])
+/// `gputel-agent --node capture --sources node,ib` on `capture`'s trees.
+fn capture_agent(capture: &Path) -> Command {
+    let mut cmd = Command::new(agent_bin());
+    cmd.args(["--node", "capture", "--sources", "node,ib"])
         .arg("--procfs-root")
         .arg(capture.join("proc"))
         .arg("--sysfs-root")
-        .arg(capture.join("sys"))
+        .arg(capture.join("sys"));
+    cmd
+}
+
+/// `gputel-agent --once --sources node,ib` on `capture`'s trees.
+fn agent_once(capture: &Path) -> Value {
+    let out = capture_agent(capture)
+        .args(["--once", "--interval", "50ms"])
         .output()
         .expect("run gputel-agent");
     assert!(
@@ -413,14 +419,9 @@ fn the_stored_rows_are_the_snapshot_node_exporter_agrees_with() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let store = tmp.path().join("store");
         let (collector, addr) = start_collector(&store, &["--flush-interval", "1h"]);
-        let out = Command::new(agent_bin())
+        let out = capture_agent(&capture)
             .args(["--collector", &format!("http://{addr}"), "--plaintext"])
-            .args(["--node", "capture", "--interval", "100ms", "--ticks", "2"])
-            .args(["--sources", "node,ib"])
-            .arg("--procfs-root")
-            .arg(capture.join("proc"))
-            .arg("--sysfs-root")
-            .arg(capture.join("sys"))
+            .args(["--interval", "100ms", "--ticks", "2"])
             .output()
             .expect("run gputel-agent");
         assert!(
