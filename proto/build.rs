@@ -24,6 +24,28 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ".gputel.v1.GpuEvent.kind",
         "#[serde(serialize_with = \"crate::serialize_event_kind\")]",
     );
-    config.compile_fds(descriptors)?;
+    // The collector's server is generated below with its own codec; agents
+    // use this client.
+    config.build_server(false).compile_fds(descriptors)?;
+
+    // The collector receives each agent message raw and decodes it only
+    // once it knows the memory that takes (see `src/wire.rs`).
+    let stream = tonic_build::manual::Method::builder()
+        .name("stream")
+        .route_name("Stream")
+        .input_type("crate::wire::RawAgentMessage")
+        .output_type("crate::v1::CollectorMessage")
+        .codec_path("crate::wire::CollectorCodec")
+        .client_streaming()
+        .server_streaming()
+        .build();
+    let service = tonic_build::manual::Service::builder()
+        .name("Telemetry")
+        .package("gputel.v1")
+        .method(stream)
+        .build();
+    tonic_build::manual::Builder::new()
+        .build_client(false)
+        .compile(&[service]);
     Ok(())
 }

@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use gputel_benches::bench_mode;
 use gputel_collector::alert::{AlertConfig, Alerting};
 use gputel_collector::clock::Clock;
+use gputel_collector::memory::MemoryPlan;
 use gputel_collector::{ServeOptions, serve};
 use gputel_proto::v1::telemetry_client::TelemetryClient;
 use gputel_proto::{AgentMessage, Batch, GpuSample, Hello, agent_message};
@@ -156,7 +157,10 @@ async fn main() {
         ServeOptions {
             flush_interval: Duration::from_secs(3600),
             flush_rows: 10_000_000,
-            max_unwritten_rows: usize::MAX,
+            memory: MemoryPlan {
+                max_unwritten_rows: usize::MAX,
+                ..MemoryPlan::default()
+            },
             max_agent_rows_per_s: u64::MAX / 16,
             max_message_bytes: gputel_proto::DEFAULT_MAX_MESSAGE_BYTES,
             tls: None,

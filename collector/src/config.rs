@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use bytesize::ByteSize;
 use chrono::FixedOffset;
 use clap::{Args, Parser, Subcommand};
 use serde::Deserialize;
@@ -12,6 +13,7 @@ use gputel_schemas::Table;
 
 use crate::compact::Retention;
 use crate::import::{Format, parse_utc_offset};
+use crate::memory::{self, MemoryPlan};
 use crate::store::S3Options;
 
 /// The collector's default gRPC port. Not assigned to a well-known service by
@@ -310,9 +312,16 @@ pub struct Settings {
     /// [default: 1000000].
     #[arg(long, value_name = "ROWS")]
     pub flush_rows: Option<usize>,
+    /// Memory the collector plans for, e.g. 4GiB: a quarter for messages
+    /// being taken in (a larger message waits, one above a sixteenth is
+    /// rejected), half for unwritten rows (--max-unwritten-rows), the rest
+    /// for writing and the alert queue [default: 1GiB; at least 64MiB].
+    #[arg(long, value_name = "SIZE")]
+    pub memory_budget: Option<ByteSize>,
     /// Rows held in memory (buffered, or waiting for a write that failed) at
     /// which new batches are refused until the store catches up; agents keep
-    /// them and retry [default: 4000000].
+    /// them and retry [default: half the memory budget at 600 bytes a row:
+    /// 894784 for 1GiB].
     #[arg(long, value_name = "ROWS")]
     pub max_unwritten_rows: Option<usize>,
     /// Rows per second one agent may send, on average over 10 s; beyond it
@@ -440,6 +449,7 @@ impl Settings {
             wal_min_free_bytes: self.wal_min_free_bytes.or(other.wal_min_free_bytes),
             flush_interval: self.flush_interval.or(other.flush_interval),
             flush_rows: self.flush_rows.or(other.flush_rows),
+            memory_budget: self.memory_budget.or(other.memory_budget),
             max_unwritten_rows: self.max_unwritten_rows.or(other.max_unwritten_rows),
             max_agent_rows_per_s: self.max_agent_rows_per_s.or(other.max_agent_rows_per_s),
             max_message_bytes: self.max_message_bytes.or(other.max_message_bytes),
@@ -471,7 +481,8 @@ pub struct Config {
     pub wal_min_free_bytes: Option<u64>,
     pub flush_interval: Duration,
     pub flush_rows: usize,
-    pub max_unwritten_rows: usize,
+    /// The memory budget's shares, with `--max-unwritten-rows` applied.
+    pub memory: MemoryPlan,
     pub max_agent_rows_per_s: u64,
     pub max_message_bytes: usize,
     pub log: String,
@@ -537,7 +548,22 @@ impl Config {
             wal_min_free_bytes: s.wal_min_free_bytes,
             flush_interval: s.flush_interval.unwrap_or(Duration::from_secs(60)),
             flush_rows: s.flush_rows.unwrap_or(1_000_000),
-            max_unwritten_rows: s.max_unwritten_rows.unwrap_or(4_000_000),
+            memory: {
+                let budget = s
+                    .memory_budget
+                    .map_or(memory::DEFAULT_BUDGET_BYTES, |b| b.as_u64());
+                if budget < memory::MIN_BUDGET_BYTES {
+                    return Err(ConfigError::Invalid(format!(
+                        "memory-budget must be at least 64MiB, not {}",
+                        ByteSize::b(budget).display().iec()
+                    )));
+                }
+                let mut plan = MemoryPlan::from_budget(budget);
+                if let Some(rows) = s.max_unwritten_rows {
+                    plan.max_unwritten_rows = rows;
+                }
+                plan
+            },
             max_agent_rows_per_s: s.max_agent_rows_per_s.unwrap_or(100_000),
             max_message_bytes: s
                 .max_message_bytes

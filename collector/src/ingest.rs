@@ -7,8 +7,10 @@ use std::time::{Duration, Instant};
 
 use gputel_proto::v1::telemetry_server::Telemetry;
 use gputel_proto::v1::{Ack, Reject, Welcome};
+use gputel_proto::wire::{Census, Kind, RawAgentMessage, census};
 use gputel_proto::{AgentMessage, CollectorMessage, agent_message, collector_message};
-use tokio::sync::{mpsc, watch};
+use prost::Message as _;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, Response, Status, Streaming};
 use tracing::{debug, error, info, warn};
@@ -44,6 +46,46 @@ fn message(kind: collector_message::Kind) -> CollectorMessage {
     CollectorMessage { kind: Some(kind) }
 }
 
+/// Memory for messages being decoded and taken in, shared by every stream.
+///
+/// A message's [`Census`] bounds what decoding it takes before anything is
+/// allocated. A message above the per-message share is refused; otherwise
+/// its stream waits until the share is free, and HTTP/2 flow control holds
+/// the agent back meanwhile. The share is given back once the batch is in
+/// the write buffer, which `--max-unwritten-rows` bounds in turn.
+#[derive(Debug)]
+pub struct InFlight {
+    /// Free memory, in KiB.
+    free_kib: Arc<Semaphore>,
+    total_bytes: u64,
+    per_message_bytes: u64,
+}
+
+impl InFlight {
+    /// `total_bytes` for every stream together, at most `per_message_bytes`
+    /// for one message (so for one stream, which decodes one at a time).
+    pub fn new(total_bytes: u64, per_message_bytes: u64) -> Self {
+        let per_message_bytes = per_message_bytes.min(total_bytes);
+        Self {
+            free_kib: Arc::new(Semaphore::new(kib(total_bytes) as usize)),
+            total_bytes,
+            per_message_bytes,
+        }
+    }
+
+    pub fn total_bytes(&self) -> u64 {
+        self.total_bytes
+    }
+
+    pub fn per_message_bytes(&self) -> u64 {
+        self.per_message_bytes
+    }
+}
+
+fn kib(bytes: u64) -> u32 {
+    u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX)
+}
+
 /// The gRPC service.
 #[derive(Debug, Clone)]
 pub struct IngestService {
@@ -51,6 +93,7 @@ pub struct IngestService {
     closing: watch::Receiver<bool>,
     require_identity: bool,
     refusals: Arc<Mutex<LogThrottle>>,
+    in_flight: Arc<InFlight>,
 }
 
 impl IngestService {
@@ -61,12 +104,14 @@ impl IngestService {
         shared: Arc<WritePath>,
         closing: watch::Receiver<bool>,
         require_identity: bool,
+        in_flight: Arc<InFlight>,
     ) -> Self {
         Self {
             shared,
             closing,
             require_identity,
             refusals: Arc::new(Mutex::new(LogThrottle::new(REFUSAL_LOG_INTERVAL))),
+            in_flight,
         }
     }
 }
@@ -90,7 +135,7 @@ impl Telemetry for IngestService {
 
     async fn stream(
         &self,
-        request: Request<Streaming<AgentMessage>>,
+        request: Request<Streaming<RawAgentMessage>>,
     ) -> Result<Response<Self::StreamStream>, Status> {
         let peer = request
             .remote_addr()
@@ -117,6 +162,7 @@ impl Telemetry for IngestService {
             peer,
             id: self.shared.new_session_id(),
             refusals: Arc::clone(&self.refusals),
+            in_flight: Arc::clone(&self.in_flight),
         };
         tokio::spawn(session.run(inbound, self.closing.clone()));
         Ok(Response::new(ReceiverStream::new(rx)))
@@ -132,17 +178,41 @@ struct Session {
     id: u64,
     /// Shared by every session: refusals are logged per cause, not per batch.
     refusals: Arc<Mutex<LogThrottle>>,
+    in_flight: Arc<InFlight>,
+}
+
+/// What came off a stream.
+enum Received {
+    /// A decoded message, with the memory granted to it until it is dropped.
+    Message(AgentMessage, OwnedSemaphorePermit),
+    /// A message larger, decoded, than one message may be.
+    TooLarge(Census),
+    /// The agent ended the stream, or the collector is closing.
+    End,
+    Failed(Status),
 }
 
 impl Session {
-    async fn run(self, mut inbound: Streaming<AgentMessage>, mut closing: watch::Receiver<bool>) {
-        let mut hello = match tokio::time::timeout(HELLO_TIMEOUT, inbound.message()).await {
-            Ok(Ok(Some(AgentMessage {
-                kind: Some(agent_message::Kind::Hello(hello)),
-            }))) => hello,
-            Ok(Ok(None)) => return,
-            Ok(Err(status)) => return self.end_with(status).await,
-            Ok(Ok(Some(_))) => {
+    async fn run(
+        self,
+        mut inbound: Streaming<RawAgentMessage>,
+        mut closing: watch::Receiver<bool>,
+    ) {
+        let first = self.receive(&mut inbound, &mut closing);
+        let mut hello = match tokio::time::timeout(HELLO_TIMEOUT, first).await {
+            Ok(Received::Message(
+                AgentMessage {
+                    kind: Some(agent_message::Kind::Hello(hello)),
+                },
+                _memory,
+            )) => hello,
+            Ok(Received::End) => return,
+            Ok(Received::Failed(status)) => return self.end_with(status).await,
+            Ok(Received::TooLarge(census)) => {
+                let reason = self.too_large(&census);
+                return self.fail(Status::invalid_argument(reason)).await;
+            }
+            Ok(Received::Message(..)) => {
                 return self
                     .fail(Status::failed_precondition(
                         "the first message on a stream must be a hello",
@@ -194,28 +264,39 @@ impl Session {
             return;
         }
         loop {
-            let next = tokio::select! {
-                next = inbound.message() => next,
-                _ = closing.wait_for(|closing| *closing) => break,
-            };
-            match next {
-                Ok(Some(AgentMessage {
-                    kind: Some(agent_message::Kind::Batch(batch)),
-                })) => {
+            match self.receive(&mut inbound, &mut closing).await {
+                Received::Message(
+                    AgentMessage {
+                        kind: Some(agent_message::Kind::Batch(batch)),
+                    },
+                    _memory,
+                ) => {
                     if let Err(status) = self.on_batch(&hello.node, &hello.agent_id, &batch).await {
                         self.fail(status).await;
                         break;
                     }
                 }
-                Ok(Some(_)) => {
+                Received::Message(..) => {
                     self.fail(Status::failed_precondition(
                         "only batches may follow the hello",
                     ))
                     .await;
                     break;
                 }
-                Ok(None) => break,
-                Err(status) => {
+                Received::TooLarge(census) => {
+                    let reason = self.too_large(&census);
+                    match census.kind {
+                        Kind::Batch { seq } => {
+                            self.reject(&hello.node, &hello.agent_id, seq, reason).await;
+                        }
+                        Kind::Hello | Kind::Empty => {
+                            self.fail(Status::invalid_argument(reason)).await;
+                            break;
+                        }
+                    }
+                }
+                Received::End => break,
+                Received::Failed(status) => {
                     self.end_with(status).await;
                     break;
                 }
@@ -223,6 +304,68 @@ impl Session {
         }
         self.shared.disconnect(&hello.agent_id, self.id);
         info!(peer = %self.peer, node = %hello.node, agent_id = %hello.agent_id, "agent disconnected");
+    }
+
+    /// The next message off the stream: counted, given its memory (waiting
+    /// for it while other streams hold it), then decoded.
+    async fn receive(
+        &self,
+        inbound: &mut Streaming<RawAgentMessage>,
+        closing: &mut watch::Receiver<bool>,
+    ) -> Received {
+        let raw = tokio::select! {
+            next = inbound.message() => match next {
+                Ok(Some(RawAgentMessage(raw))) => raw,
+                Ok(None) => return Received::End,
+                Err(status) => return Received::Failed(status),
+            },
+            _ = closing.wait_for(|closing| *closing) => return Received::End,
+        };
+        let census = match census(&raw) {
+            Ok(census) => census,
+            Err(e) => return Received::Failed(Status::invalid_argument(e.to_string())),
+        };
+        let bound = census.decoded_bytes_bound();
+        if bound > self.in_flight.per_message_bytes {
+            return Received::TooLarge(census);
+        }
+        let free = Arc::clone(&self.in_flight.free_kib);
+        let memory = match free.clone().try_acquire_many_owned(kib(bound)) {
+            Ok(memory) => memory,
+            Err(_) => {
+                if let Some(unlogged) = self.refusal_news("in-flight memory budget") {
+                    warn!(
+                        peer = %self.peer,
+                        budget_bytes = self.in_flight.total_bytes,
+                        unlogged,
+                        "in-flight memory budget taken: streams wait for it before decoding"
+                    );
+                }
+                tokio::select! {
+                    memory = free.acquire_many_owned(kib(bound)) => match memory {
+                        Ok(memory) => memory,
+                        Err(_) => return Received::End,
+                    },
+                    _ = closing.wait_for(|closing| *closing) => return Received::End,
+                }
+            }
+        };
+        match AgentMessage::decode(raw) {
+            Ok(message) => Received::Message(message, memory),
+            Err(e) => Received::Failed(Status::invalid_argument(format!("malformed message: {e}"))),
+        }
+    }
+
+    /// Why a message is refused for its decoded size.
+    fn too_large(&self, census: &Census) -> String {
+        format!(
+            "message of {} bytes with {} rows would take up to {} MiB decoded, above the {} MiB \
+             one message may take; send fewer rows per batch",
+            census.bytes,
+            census.rows(),
+            census.decoded_bytes_bound().div_ceil(1 << 20),
+            self.in_flight.per_message_bytes >> 20,
+        )
     }
 
     async fn on_batch(

@@ -20,6 +20,7 @@ pub mod import;
 pub mod ingest;
 pub mod log_throttle;
 pub mod marker;
+pub mod memory;
 pub mod persist;
 pub mod store;
 pub mod systemd;
@@ -109,7 +110,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let options = ServeOptions {
         flush_interval: config.flush_interval,
         flush_rows: config.flush_rows,
-        max_unwritten_rows: config.max_unwritten_rows,
+        memory: config.memory,
         max_agent_rows_per_s: config.max_agent_rows_per_s,
         max_message_bytes: config.max_message_bytes,
         tls,
@@ -243,7 +244,8 @@ pub fn start_alerting(prepared: alert::PreparedAlerting, shared: &Arc<WritePath>
 pub struct ServeOptions {
     pub flush_interval: Duration,
     pub flush_rows: usize,
-    pub max_unwritten_rows: usize,
+    /// The memory budget's shares, `max_unwritten_rows` among them.
+    pub memory: memory::MemoryPlan,
     /// Average rows per second one agent may send (over a 10 s burst).
     pub max_agent_rows_per_s: u64,
     pub max_message_bytes: usize,
@@ -271,7 +273,7 @@ pub async fn serve(
     let replaying = !replayed.records.is_empty();
     let shared = Arc::new(WritePath::new(
         options.flush_rows,
-        options.max_unwritten_rows,
+        &options.memory,
         options.max_agent_rows_per_s,
         clock,
         wal,
@@ -297,6 +299,10 @@ pub async fn serve(
         Arc::clone(&shared),
         close_streams_rx,
         require_identity,
+        Arc::new(ingest::InFlight::new(
+            options.memory.in_flight_bytes,
+            options.memory.per_message_bytes,
+        )),
     ))
     .max_decoding_message_size(options.max_message_bytes);
     let (server_stop, mut server_stop_rx) = watch::channel(false);

@@ -16,6 +16,7 @@ use tracing::{debug, error, warn};
 
 use crate::buffer::WriteBuffer;
 use crate::clock::Clock;
+use crate::memory::MemoryPlan;
 use crate::systemd::Heartbeat;
 use crate::validate::{ValidBatch, canonical_node, validate_batch};
 use crate::wal::{Replayed, Wal, WalError, batch_fingerprint};
@@ -36,6 +37,8 @@ pub struct AlertInput {
     pub gpus: Vec<GpuSample>,
     /// The batch's events of kind XID; `code` is the XID.
     pub xids: Vec<GpuEvent>,
+    /// Its rows' place in the queue's bound, given back when it is dropped.
+    pub queued: QueuedRows,
 }
 
 impl AlertInput {
@@ -50,7 +53,36 @@ impl AlertInput {
                 .filter(|e| e.kind() == EventKind::Xid)
                 .cloned()
                 .collect(),
+            queued: QueuedRows::default(),
         }
+    }
+}
+
+/// Rows of an [`AlertInput`] counted against the alert queue's bound while
+/// it exists; a clone is not in the queue and counts nothing.
+#[derive(Debug, Default)]
+pub struct QueuedRows {
+    queue: Option<Arc<AtomicUsize>>,
+    rows: usize,
+}
+
+impl Drop for QueuedRows {
+    fn drop(&mut self) {
+        if let Some(queue) = &self.queue {
+            queue.fetch_sub(self.rows, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Clone for QueuedRows {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl PartialEq for QueuedRows {
+    fn eq(&self, _: &Self) -> bool {
+        true
     }
 }
 
@@ -157,6 +189,9 @@ pub struct WritePath {
     next_session: AtomicU64,
     /// Where accepted batches go for alert rules, when alerting is on.
     alert_sink: OnceLock<mpsc::Sender<AlertInput>>,
+    /// GPU rows queued for the alert rules, and the most that may be.
+    alert_queue_rows: Arc<AtomicUsize>,
+    max_alert_queue_rows: usize,
     /// Counters reported in logs.
     pub stats: Stats,
     /// Beats each time the flush loop takes the buffer; the watchdog reads it.
@@ -297,7 +332,7 @@ impl WritePath {
     /// the buffer.
     pub fn new(
         flush_rows: usize,
-        max_unwritten_rows: usize,
+        memory: &MemoryPlan,
         max_agent_rows_per_s: u64,
         clock: Clock,
         wal: Wal,
@@ -358,13 +393,15 @@ impl WritePath {
             flush_now: Notify::new(),
             sync_wanted: Notify::new(),
             flush_rows,
-            max_unwritten_rows,
+            max_unwritten_rows: memory.max_unwritten_rows,
             max_agent_rows_per_s,
             unwritten_rows: AtomicUsize::new(0),
             draining: AtomicBool::new(false),
             clock,
             next_session: AtomicU64::new(1),
             alert_sink: OnceLock::new(),
+            alert_queue_rows: Arc::new(AtomicUsize::new(0)),
+            max_alert_queue_rows: memory.alert_queue_rows,
             stats,
             taken: Heartbeat::new(),
         }
@@ -402,7 +439,15 @@ impl WritePath {
         if batch.gpu.is_empty() && batch.event.is_empty() {
             return;
         }
-        if sink.try_send(AlertInput::from_batch(node, batch)).is_err() {
+        let rows = batch.gpu.len();
+        let queued = self.alert_queue_rows.fetch_add(rows, Ordering::Relaxed);
+        let mut input = AlertInput::from_batch(node, batch);
+        input.queued = QueuedRows {
+            queue: Some(Arc::clone(&self.alert_queue_rows)),
+            rows,
+        };
+        // Over the bound, the input is dropped here and its rows given back.
+        if queued + rows > self.max_alert_queue_rows || sink.try_send(input).is_err() {
             let dropped = self
                 .stats
                 .alert_inputs_dropped

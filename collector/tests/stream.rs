@@ -15,6 +15,7 @@ use arrow_array::types::{Int32Type, TimestampMicrosecondType};
 use gputel_collector::ServeOptions;
 use gputel_collector::Serving;
 use gputel_collector::clock::Clock;
+use gputel_collector::memory::MemoryPlan;
 use gputel_collector::write::WritePath;
 use gputel_proto::v1::telemetry_client::TelemetryClient;
 use gputel_proto::v1::{Ack, Reject, Welcome};
@@ -121,7 +122,10 @@ impl Collector {
             flush_interval: NEVER,
             flush_rows,
             max_message_bytes,
-            max_unwritten_rows,
+            memory: MemoryPlan {
+                max_unwritten_rows,
+                ..MemoryPlan::default()
+            },
             max_agent_rows_per_s,
             tls: None,
             alert_sink: None,

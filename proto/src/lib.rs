@@ -3,12 +3,16 @@
 //! Generated from `proto/gputel/v1/telemetry.proto`; see that file for the meaning of
 //! every field.
 
-#![allow(missing_debug_implementations, clippy::all, clippy::unwrap_used)]
-
 /// Version 1 of the protocol.
+#[allow(missing_debug_implementations, clippy::all, clippy::unwrap_used)]
 pub mod v1 {
     tonic::include_proto!("gputel.v1");
+    // The collector's server (`telemetry_server`), with the raw codec of
+    // [`crate::wire`].
+    include!(concat!(env!("OUT_DIR"), "/gputel.v1.Telemetry.rs"));
 }
+
+pub mod wire;
 
 pub use v1::{
     AgentMessage, AlertRow, Batch, CollectorMessage, EventKind, GpuEvent, GpuProcess, GpuSample,

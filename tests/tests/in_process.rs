@@ -9,6 +9,7 @@ use std::time::Duration;
 use clap::Parser;
 use gputel_collector::ServeOptions;
 use gputel_collector::clock::Clock;
+use gputel_collector::memory::MemoryPlan;
 use gputel_tests::{fake_nvml, fixture};
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use tokio::net::TcpListener;
@@ -70,7 +71,10 @@ async fn run_agent_against_collector(store_dir: &Path, extra: &[&str]) -> gputel
         flush_interval: Duration::from_secs(3600),
         flush_rows: usize::MAX,
         max_message_bytes: gputel_proto::DEFAULT_MAX_MESSAGE_BYTES,
-        max_unwritten_rows: usize::MAX,
+        memory: MemoryPlan {
+            max_unwritten_rows: usize::MAX,
+            ..MemoryPlan::default()
+        },
         max_agent_rows_per_s: u64::MAX / 16,
         tls: None,
         alert_sink: None,

@@ -10,6 +10,7 @@ use std::time::Duration;
 use gputel_agent::client::{self, Delivery, Identity, TableRows};
 use gputel_collector::ServeOptions;
 use gputel_collector::clock::Clock;
+use gputel_collector::memory::MemoryPlan;
 use gputel_proto::{Batch, NodeSample};
 use tokio::net::TcpListener;
 use tonic::transport::Endpoint;
@@ -90,7 +91,10 @@ async fn a_resent_number_with_other_content_is_rejected_and_the_agent_logs_why()
         flush_interval: Duration::from_secs(3600),
         flush_rows: usize::MAX,
         max_message_bytes: gputel_proto::DEFAULT_MAX_MESSAGE_BYTES,
-        max_unwritten_rows: usize::MAX,
+        memory: MemoryPlan {
+            max_unwritten_rows: usize::MAX,
+            ..MemoryPlan::default()
+        },
         max_agent_rows_per_s: u64::MAX / 16,
         tls: None,
         alert_sink: None,

@@ -699,7 +699,7 @@ mod tests {
         AlertInput {
             node: "n1".into(),
             gpus,
-            xids: Vec::new(),
+            ..AlertInput::default()
         }
     }
 

@@ -1,0 +1,398 @@
+//! The collector's side of the stream, decoded in two steps so that memory
+//! is bounded before anything is allocated.
+//!
+//! Protobuf lets a few bytes stand for a large struct: an empty `GpuSample`
+//! is two bytes on the wire and several hundred once decoded, so a 16 MiB
+//! message of empty rows decodes into gigabytes. The collector's codec
+//! therefore hands the stream raw messages ([`RawAgentMessage`]); the
+//! collector takes a [`census`] of each (a walk over the wire format that
+//! allocates nothing), refuses or waits for memory according to
+//! [`Census::decoded_bytes_bound`], and only then decodes it with prost.
+
+use std::mem::size_of;
+
+use bytes::{Buf, Bytes};
+use prost::encoding::{WireType, decode_key, decode_varint};
+use tonic::Status;
+use tonic::codec::{Codec, DecodeBuf, Decoder};
+use tonic_prost::ProstEncoder;
+
+use crate::v1::{
+    AgentMessage, CollectorMessage, GpuEvent, GpuProcess, GpuSample, IbPortSample, NodeSample,
+};
+
+/// One message of the agent's stream, not yet decoded.
+#[derive(Debug, Clone)]
+pub struct RawAgentMessage(pub Bytes);
+
+/// The collector's codec: messages to the agent are encoded with prost,
+/// messages from it are passed on raw.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CollectorCodec;
+
+impl Codec for CollectorCodec {
+    type Encode = CollectorMessage;
+    type Decode = RawAgentMessage;
+    type Encoder = ProstEncoder<CollectorMessage>;
+    type Decoder = RawDecoder;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        ProstEncoder::default()
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        RawDecoder
+    }
+}
+
+/// Takes a whole message off tonic's buffer without copying it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RawDecoder;
+
+impl Decoder for RawDecoder {
+    type Item = RawAgentMessage;
+    type Error = Status;
+
+    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<Self::Item>, Self::Error> {
+        Ok(Some(RawAgentMessage(buf.copy_to_bytes(buf.remaining()))))
+    }
+}
+
+/// What kind of message a census found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// No `kind` set.
+    Empty,
+    Hello,
+    /// A batch, with its sequence number (0 when unset).
+    Batch {
+        seq: u64,
+    },
+}
+
+/// What an encoded [`AgentMessage`] holds, counted without decoding it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Census {
+    pub kind: Kind,
+    /// Encoded size of the whole message.
+    pub bytes: usize,
+    /// Rows of a batch, per table.
+    pub gpu: u64,
+    pub node: u64,
+    pub ib: u64,
+    pub event: u64,
+    pub gpu_process: u64,
+    /// Entries of repeated string fields (`NodeSample.jobs`).
+    pub list_strings: u64,
+    /// Non-empty string fields, each of which is one heap allocation.
+    pub strings: u64,
+}
+
+/// Bytes one heap allocation may take beyond what it was asked for: a
+/// string of up to 8 bytes still gets 8, and glibc's malloc rounds every
+/// request up to 16 bytes plus an 8-byte header, 32 at the least.
+const ALLOCATION_OVERHEAD: u64 = 32;
+
+impl Census {
+    /// Rows in the batch, all tables together.
+    pub fn rows(&self) -> u64 {
+        self.gpu + self.node + self.ib + self.event + self.gpu_process
+    }
+
+    /// An upper bound of the memory decoding this message takes, the
+    /// encoded bytes included: each repeated field becomes a `Vec` of at
+    /// most twice its length (at least four), each non-empty string one allocation of at
+    /// most its encoded length plus [`ALLOCATION_OVERHEAD`], and nothing
+    /// else in these messages allocates.
+    pub fn decoded_bytes_bound(&self) -> u64 {
+        let bytes = self.bytes as u64;
+        bytes
+            + size_of::<AgentMessage>() as u64
+            + vec_of::<GpuSample>(self.gpu)
+            + vec_of::<NodeSample>(self.node)
+            + vec_of::<IbPortSample>(self.ib)
+            + vec_of::<GpuEvent>(self.event)
+            + vec_of::<GpuProcess>(self.gpu_process)
+            // One list per node row.
+            + 2 * self.list_strings * size_of::<String>() as u64
+            + self.node * MIN_VEC_CAPACITY * size_of::<String>() as u64
+            // String contents are at most the encoded bytes (counted once
+            // more, as the raw message is still held while decoding).
+            + bytes
+            + self.strings * ALLOCATION_OVERHEAD
+    }
+}
+
+/// The capacity a `Vec` of elements up to 1 KiB takes at its first push.
+const MIN_VEC_CAPACITY: u64 = 4;
+
+/// The most a `Vec` of `n` elements grown one push at a time can take:
+/// capacity doubles, from [`MIN_VEC_CAPACITY`].
+fn vec_of<T>(n: u64) -> u64 {
+    if n == 0 {
+        return 0;
+    }
+    (2 * n).max(MIN_VEC_CAPACITY) * size_of::<T>() as u64
+}
+
+/// Why a message could not be counted: it is not valid protobuf, or not in
+/// the shape of an `AgentMessage`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Malformed(pub String);
+
+impl std::fmt::Display for Malformed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "malformed message: {}", self.0)
+    }
+}
+
+impl std::error::Error for Malformed {}
+
+/// Counts what an encoded [`AgentMessage`] holds. Allocates nothing and
+/// reads each byte once; a message it accepts may still fail to decode
+/// (a bad enum value, invalid UTF-8), which prost then reports.
+pub fn census(message: &[u8]) -> Result<Census, Malformed> {
+    let mut census = Census {
+        kind: Kind::Empty,
+        bytes: message.len(),
+        gpu: 0,
+        node: 0,
+        ib: 0,
+        event: 0,
+        gpu_process: 0,
+        list_strings: 0,
+        strings: 0,
+    };
+    let mut buf = message;
+    while buf.has_remaining() {
+        match field(&mut buf)? {
+            (1, Value::Bytes(hello)) => {
+                census.kind = Kind::Hello;
+                census.strings += count_strings(hello)?;
+            }
+            (2, Value::Bytes(batch)) => count_batch(batch, &mut census)?,
+            (1 | 2, _) => return Err(malformed("the message's kind is not length-delimited")),
+            _ => {}
+        }
+    }
+    Ok(census)
+}
+
+fn count_batch(mut batch: &[u8], census: &mut Census) -> Result<(), Malformed> {
+    // A batch field seen twice is merged by prost: the rows of both are
+    // decoded, so both are counted; the last sequence number wins.
+    let mut seq = match census.kind {
+        Kind::Batch { seq } => seq,
+        _ => 0,
+    };
+    while batch.has_remaining() {
+        let (number, value) = field(&mut batch)?;
+        let row = match (number, value) {
+            (1, Value::Varint(v)) => {
+                seq = v;
+                continue;
+            }
+            (2..=6, Value::Bytes(row)) => row,
+            (1..=6, _) => return Err(malformed("a batch field has the wrong wire type")),
+            _ => continue,
+        };
+        match number {
+            2 => census.gpu += 1,
+            3 => {
+                census.node += 1;
+                census.list_strings += count_field(row, 13)?;
+            }
+            4 => census.ib += 1,
+            5 => census.event += 1,
+            _ => census.gpu_process += 1,
+        }
+        census.strings += count_strings(row)?;
+    }
+    census.kind = Kind::Batch { seq };
+    Ok(())
+}
+
+/// Non-empty length-delimited fields of a message whose length-delimited
+/// fields are all strings (every row type and the hello).
+fn count_strings(mut message: &[u8]) -> Result<u64, Malformed> {
+    let mut n = 0;
+    while message.has_remaining() {
+        if let (_, Value::Bytes(b)) = field(&mut message)?
+            && !b.is_empty()
+        {
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+/// Occurrences of field `number` in a message.
+fn count_field(mut message: &[u8], number: u32) -> Result<u64, Malformed> {
+    let mut n = 0;
+    while message.has_remaining() {
+        if field(&mut message)?.0 == number {
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+enum Value<'a> {
+    Varint(u64),
+    Fixed,
+    Bytes(&'a [u8]),
+}
+
+/// Reads one field off `buf`.
+fn field<'a>(buf: &mut &'a [u8]) -> Result<(u32, Value<'a>), Malformed> {
+    let (number, wire_type) = decode_key(buf).map_err(|e| malformed(&e.to_string()))?;
+    let value = match wire_type {
+        WireType::Varint => {
+            Value::Varint(decode_varint(buf).map_err(|e| malformed(&e.to_string()))?)
+        }
+        WireType::SixtyFourBit => {
+            take(buf, 8)?;
+            Value::Fixed
+        }
+        WireType::ThirtyTwoBit => {
+            take(buf, 4)?;
+            Value::Fixed
+        }
+        WireType::LengthDelimited => {
+            let len = decode_varint(buf).map_err(|e| malformed(&e.to_string()))?;
+            let len = usize::try_from(len).map_err(|_| malformed("length out of range"))?;
+            Value::Bytes(take(buf, len)?)
+        }
+        WireType::StartGroup | WireType::EndGroup => {
+            return Err(malformed("groups are not used by this protocol"));
+        }
+    };
+    Ok((number, value))
+}
+
+fn take<'a>(buf: &mut &'a [u8], len: usize) -> Result<&'a [u8], Malformed> {
+    if buf.len() < len {
+        return Err(malformed("a field runs past the end of its message"));
+    }
+    let (head, tail) = buf.split_at(len);
+    *buf = tail;
+    Ok(head)
+}
+
+fn malformed(reason: &str) -> Malformed {
+    Malformed(reason.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message;
+
+    use super::*;
+    use crate::v1::{Batch, Hello, agent_message};
+
+    fn batch(batch: Batch) -> Vec<u8> {
+        AgentMessage {
+            kind: Some(agent_message::Kind::Batch(batch)),
+        }
+        .encode_to_vec()
+    }
+
+    #[test]
+    fn counts_rows_strings_and_the_sequence_number() {
+        let message = batch(Batch {
+            seq: 42,
+            gpu: vec![
+                GpuSample {
+                    uuid: "GPU-1".into(),
+                    model: "NVIDIA H100".into(),
+                    ..Default::default()
+                },
+                GpuSample::default(),
+            ],
+            node: vec![NodeSample {
+                jobs: vec!["1".into(), "2".into(), String::new()],
+                ..Default::default()
+            }],
+            ib: vec![IbPortSample::default(); 3],
+            event: vec![GpuEvent::default()],
+            gpu_process: vec![GpuProcess {
+                command: "python".into(),
+                ..Default::default()
+            }],
+        });
+        let census = census(&message).unwrap();
+        assert_eq!(census.kind, Kind::Batch { seq: 42 });
+        assert_eq!(census.bytes, message.len());
+        assert_eq!(
+            (
+                census.gpu,
+                census.node,
+                census.ib,
+                census.event,
+                census.gpu_process
+            ),
+            (2, 1, 3, 1, 1)
+        );
+        assert_eq!(census.rows(), 8);
+        assert_eq!(census.list_strings, 3);
+        // uuid, model, two jobs, command; the empty job allocates nothing.
+        assert_eq!(census.strings, 5);
+    }
+
+    #[test]
+    fn a_hello_and_an_empty_message() {
+        let hello = AgentMessage {
+            kind: Some(agent_message::Kind::Hello(Hello {
+                node: "node-a".into(),
+                agent_id: "a".into(),
+                ..Default::default()
+            })),
+        }
+        .encode_to_vec();
+        let census = census(&hello).unwrap();
+        assert_eq!(census.kind, Kind::Hello);
+        assert_eq!((census.rows(), census.strings), (0, 2));
+        assert_eq!(super::census(&[]).unwrap().kind, Kind::Empty);
+    }
+
+    #[test]
+    fn empty_rows_are_bounded_by_their_decoded_size() {
+        let rows = 10_000;
+        let message = batch(Batch {
+            seq: 1,
+            gpu: vec![GpuSample::default(); rows],
+            ..Default::default()
+        });
+        // Two bytes a row on the wire, hundreds decoded.
+        assert!(message.len() < 3 * rows);
+        let bound = census(&message).unwrap().decoded_bytes_bound();
+        assert!(bound >= (rows * size_of::<GpuSample>()) as u64);
+        assert!(bound <= (2 * rows * size_of::<GpuSample>() + 4 * message.len() + 1024) as u64);
+    }
+
+    #[test]
+    fn malformed_messages_are_refused_with_a_reason() {
+        let good = batch(Batch {
+            seq: 7,
+            gpu: vec![GpuSample {
+                uuid: "GPU-1".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        let truncated = &good[..good.len() - 1];
+        assert_eq!(
+            census(truncated).unwrap_err().to_string(),
+            "malformed message: a field runs past the end of its message"
+        );
+        // Field 2 (batch) as a varint.
+        assert_eq!(
+            census(&[0x10, 0x01]).unwrap_err().to_string(),
+            "malformed message: the message's kind is not length-delimited"
+        );
+        // A group start.
+        assert!(census(&[0x0b]).is_err());
+        // A length far past the end.
+        assert!(census(&[0x12, 0xff, 0xff, 0xff, 0xff, 0x0f]).is_err());
+    }
+}
