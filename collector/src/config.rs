@@ -309,7 +309,7 @@ pub struct Settings {
     #[serde(default, with = "humantime_serde")]
     pub flush_interval: Option<Duration>,
     /// Buffered rows (all tables) that trigger a write before the interval ends
-    /// [default: 1000000].
+    /// [default: half of --max-unwritten-rows, at most 1000000].
     #[arg(long, value_name = "ROWS")]
     pub flush_rows: Option<usize>,
     /// Memory the collector plans for, e.g. 4GiB: a quarter for messages
@@ -537,7 +537,28 @@ impl Config {
         } else {
             SocketAddr::from(([0, 0, 0, 0], DEFAULT_PORT))
         };
+        let memory = {
+            let budget = s
+                .memory_budget
+                .map_or(memory::DEFAULT_BUDGET_BYTES, |b| b.as_u64());
+            if budget < memory::MIN_BUDGET_BYTES {
+                return Err(ConfigError::Invalid(format!(
+                    "memory-budget must be at least 64MiB, not {}",
+                    ByteSize::b(budget).display().iec()
+                )));
+            }
+            let mut plan = MemoryPlan::from_budget(budget);
+            if let Some(rows) = s.max_unwritten_rows {
+                plan.max_unwritten_rows = rows;
+            }
+            plan
+        };
         let config = Config {
+            // A flush starts well before batches would be refused.
+            flush_rows: s
+                .flush_rows
+                .unwrap_or_else(|| (memory.max_unwritten_rows / 2).clamp(1, 1_000_000)),
+            memory,
             alerts: s.alerts.resolve(&wal_dir)?,
             s3,
             compact_interval,
@@ -547,23 +568,7 @@ impl Config {
             wal_dir,
             wal_min_free_bytes: s.wal_min_free_bytes,
             flush_interval: s.flush_interval.unwrap_or(Duration::from_secs(60)),
-            flush_rows: s.flush_rows.unwrap_or(1_000_000),
-            memory: {
-                let budget = s
-                    .memory_budget
-                    .map_or(memory::DEFAULT_BUDGET_BYTES, |b| b.as_u64());
-                if budget < memory::MIN_BUDGET_BYTES {
-                    return Err(ConfigError::Invalid(format!(
-                        "memory-budget must be at least 64MiB, not {}",
-                        ByteSize::b(budget).display().iec()
-                    )));
-                }
-                let mut plan = MemoryPlan::from_budget(budget);
-                if let Some(rows) = s.max_unwritten_rows {
-                    plan.max_unwritten_rows = rows;
-                }
-                plan
-            },
+
             max_agent_rows_per_s: s.max_agent_rows_per_s.unwrap_or(100_000),
             max_message_bytes: s
                 .max_message_bytes
@@ -638,7 +643,45 @@ mod tests {
         assert_eq!(config.listen, "127.0.0.1:7000".parse().unwrap());
         assert_eq!(config.store, "/srv/gputel");
         assert_eq!(config.flush_interval, Duration::from_secs(30));
+        // Half of the unwritten rows a 1 GiB budget allows.
+        assert_eq!(config.memory.max_unwritten_rows, 894_784);
+        assert_eq!(config.flush_rows, 447_392);
+    }
+
+    #[test]
+    fn the_memory_budget_sizes_the_row_bounds() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("collector.toml");
+        std::fs::write(&path, "plaintext = true\nmemory-budget = \"8GiB\"\n").unwrap();
+        let file = path.to_str().unwrap();
+        let config = Config::load(Cli::parse_from(["gputel-collector", "--config", file])).unwrap();
+        assert_eq!(config.memory.budget_bytes, 8 << 30);
+        assert_eq!(config.memory.max_unwritten_rows, 7_158_278);
+        assert_eq!(config.memory.per_message_bytes, 512 << 20);
         assert_eq!(config.flush_rows, 1_000_000);
+        // A flag overrides the file; explicit row bounds override the budget.
+        let config = Config::load(Cli::parse_from([
+            "gputel-collector",
+            "--config",
+            file,
+            "--memory-budget",
+            "256MiB",
+            "--max-unwritten-rows",
+            "1000",
+        ]))
+        .unwrap();
+        assert_eq!(config.memory.in_flight_bytes, 64 << 20);
+        assert_eq!(config.memory.max_unwritten_rows, 1000);
+        assert_eq!(config.flush_rows, 500);
+        let err = Config::load(Cli::parse_from([
+            "gputel-collector",
+            "--plaintext",
+            "--memory-budget",
+            "10MB",
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert_eq!(err, "memory-budget must be at least 64MiB, not 9.5 MiB");
     }
 
     #[test]
