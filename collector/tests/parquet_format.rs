@@ -863,3 +863,112 @@ async fn a_flush_repeated_after_compaction_writes_nothing_twice() {
     );
     assert_eq!(rows_in(dir.path(), "gpu", "hour=06"), (2, 12));
 }
+
+/// An hour with more rows than one compacted file may hold is merged in
+/// parts of the hour: several files, and still one row per key, even for
+/// keys repeated across files far apart in the listing.
+#[tokio::test]
+async fn an_hour_too_large_for_one_file_loses_every_duplicate() {
+    use gputel_collector::compact::{self, CompactOptions};
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = gputel_collector::store::open_store(
+        dir.path().to_str().expect("utf-8 temp path"),
+        &Default::default(),
+    )
+    .expect("open store");
+    // Ticks 20 s apart over the whole of hour 06, on 2 GPUs: 180 ticks.
+    let tick = |t: i64| H6A + t * 20_000_000;
+    let gpu_rows = |ticks: std::ops::Range<i64>, temperature: u32| {
+        let mut buffer = WriteBuffer::default();
+        let batch = Batch {
+            seq: 1,
+            gpu: ticks
+                .flat_map(|t| {
+                    (0..2).map(move |g| GpuSample {
+                        temperature_c: Some(temperature),
+                        ..gpu(g, g, tick(t))
+                    })
+                })
+                .collect(),
+            ..Default::default()
+        };
+        buffer.append(
+            "n1",
+            validate_batch(&batch, NOW + 3_600_000_000).expect("valid"),
+        );
+        buffer
+            .take()
+            .expect("buffer assembles")
+            .into_iter()
+            .find(|(table, _, _)| *table == Table::Gpu)
+            .expect("gpu rows")
+    };
+    // Three collectors' files: the whole hour, its second half again, and
+    // its first 30 ticks a third time, 360 + 180 + 60 rows, 360 keys.
+    for (stem, ticks, temperature) in [
+        ("a1-0000000000000001", 0..180, 40),
+        ("b2-0000000000000001", 90..180, 50),
+        ("c3-0000000000000001", 0..30, 60),
+    ] {
+        let (_, key, rows) = gpu_rows(ticks, temperature);
+        let path = PartitionPath::new(Table::Gpu, key, stem).expect("stem");
+        write_file(&store, &path, &rows).await.expect("write");
+    }
+    assert_eq!(rows_in(dir.path(), "gpu", "hour=06"), (3, 600));
+
+    let options = CompactOptions {
+        tables: vec![Table::Gpu],
+        min_age: std::time::Duration::ZERO,
+        max_file_rows: 100,
+        ..CompactOptions::default()
+    };
+    let report = compact::compact(&store, NOW + 7_200_000_000, &options)
+        .await
+        .expect("compaction");
+    // 600 rows at 100 a file: six parts of the hour (ten minutes each).
+    assert_eq!(
+        (report.hours, report.files_in, report.rows, report.files_out),
+        (1, 3, 600, 6)
+    );
+    assert_eq!(report.duplicates, 240);
+    assert_eq!(rows_in(dir.path(), "gpu", "hour=06"), (6, 360));
+
+    // Every key once, and each part of the hour in one file: the file
+    // whose name sorts last wins a key (here the third collector's for
+    // ticks 0-29, the second's for 90-179).
+    let mut keys = BTreeMap::new();
+    for entry in std::fs::read_dir(dir.path().join("gpu/date=2026-11-21/hour=06")).expect("hour") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_none_or(|e| e != "parquet") {
+            continue;
+        }
+        let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(&path).expect("open"))
+            .expect("reader")
+            .build()
+            .expect("reader");
+        let mut parts = std::collections::BTreeSet::new();
+        for batch in reader {
+            let batch = batch.expect("batch");
+            let ts = batch["ts"].as_primitive::<TimestampMicrosecondType>();
+            let gpu = batch["gpu"].as_primitive::<Int32Type>();
+            let temperature = batch["temperature_c"].as_primitive::<Int32Type>();
+            for i in 0..batch.num_rows() {
+                let t = (ts.value(i) - H6A) / 20_000_000;
+                parts.insert((ts.value(i) - H6A) / 600_000_000);
+                let previous = keys.insert((t, gpu.value(i)), temperature.value(i));
+                assert_eq!(previous, None, "tick {t} gpu {} twice", gpu.value(i));
+            }
+        }
+        assert_eq!(parts.len(), 1, "{} spans parts {parts:?}", path.display());
+    }
+    assert_eq!(keys.len(), 360);
+    for ((t, _), temperature) in keys {
+        let expected = match t {
+            0..30 => 60,
+            90..180 => 50,
+            _ => 40,
+        };
+        assert_eq!(temperature, expected, "tick {t}");
+    }
+}

@@ -27,5 +27,5 @@ pub use partition::{PartitionError, PartitionKey, PartitionPath};
 pub use scheduler_job::{JobTracePath, Month, scheduler_job_schema};
 pub use tables::{
     AlertRows, EventRows, GpuProcessRows, GpuRows, IbRows, JobRows, JobSpan, NodeRows, RowKey,
-    Table, describe_schema, golden_path,
+    Table, col, describe_schema, golden_path,
 };

@@ -2,10 +2,13 @@
 
 use std::sync::Arc;
 
-use arrow_array::{Array, UInt32Array};
+use arrow_array::cast::AsArray;
+use arrow_array::types::TimestampMicrosecondType;
+use arrow_array::{Array, BooleanArray, UInt32Array};
 use arrow_ord::ord::{DynComparator, make_comparator};
 use arrow_ord::sort::{SortColumn, lexsort_to_indices};
 use arrow_schema::{Schema, SortOptions};
+use arrow_select::filter::filter_record_batch;
 use arrow_select::take::take_record_batch;
 use gputel_schemas::RowKey;
 
@@ -25,17 +28,17 @@ pub(super) async fn read(store: &dyn ObjectStore, name: &str) -> Result<Bytes, C
         .map_err(err)
 }
 
-/// The batches of one file, or None when its schema is not the table's.
-pub(super) fn decode(
+/// A reader of one file, or None when its schema is not the table's.
+fn reader_of(
     table: Table,
     name: &str,
     bytes: Bytes,
-) -> Result<Option<Vec<RecordBatch>>, CompactError> {
-    let err = |source| CompactError::Decode {
-        path: name.to_owned(),
-        source,
-    };
-    let builder = ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(err)?;
+) -> Result<Option<ParquetRecordBatchReaderBuilder<Bytes>>, CompactError> {
+    let builder =
+        ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|source| CompactError::Decode {
+            path: name.to_owned(),
+            source,
+        })?;
     let expected = table.schema();
     let found = builder.schema();
     let same = found.fields().len() == expected.fields().len()
@@ -44,20 +47,82 @@ pub(super) fn decode(
                 && a.data_type() == b.data_type()
                 && a.is_nullable() == b.is_nullable()
         });
-    if !same {
+    Ok(same.then_some(builder))
+}
+
+/// The rows of one file by its footer, or None when its schema is not the
+/// table's.
+pub(super) fn rows_of(
+    table: Table,
+    name: &str,
+    bytes: Bytes,
+) -> Result<Option<usize>, CompactError> {
+    Ok(reader_of(table, name, bytes)?
+        .map(|builder| usize::try_from(builder.metadata().file_metadata().num_rows()).unwrap_or(0)))
+}
+
+/// The batches of one file, or None when its schema is not the table's.
+/// With `slice`, only its rows in that part of the hour.
+pub(super) fn decode(
+    table: Table,
+    name: &str,
+    bytes: Bytes,
+    slice: Option<Slice>,
+) -> Result<Option<Vec<RecordBatch>>, CompactError> {
+    let err = |source| CompactError::Decode {
+        path: name.to_owned(),
+        source,
+    };
+    let Some(builder) = reader_of(table, name, bytes)? else {
         return Ok(None);
-    }
+    };
+    let expected = table.schema();
     let reader = builder.with_batch_size(64 * 1024).build().map_err(err)?;
-    let batches = reader
-        .collect::<Result<Vec<_>, ArrowError>>()
-        .map_err(|e| err(ParquetError::ArrowError(e.to_string())))?;
-    // The table's own schema (with its field metadata) for concatenation.
-    batches
-        .into_iter()
-        .map(|b| RecordBatch::try_new(expected.clone(), b.columns().to_vec()))
-        .collect::<Result<Vec<_>, _>>()
-        .map(Some)
-        .map_err(|e| err(ParquetError::ArrowError(e.to_string())))
+    let mut batches = Vec::new();
+    for batch in reader {
+        let batch = batch.map_err(|e| err(ParquetError::ArrowError(e.to_string())))?;
+        // The table's own schema (with its field metadata) for concatenation.
+        let batch = RecordBatch::try_new(expected.clone(), batch.columns().to_vec())
+            .and_then(|batch| match slice {
+                Some(slice) => slice.rows_of(&batch),
+                None => Ok(batch),
+            })
+            .map_err(|e| err(ParquetError::ArrowError(e.to_string())))?;
+        batches.push(batch);
+    }
+    Ok(Some(batches))
+}
+
+/// One of `count` equal parts of the hour, by each row's `ts`. An hour with
+/// more rows than one compacted file may hold is merged part by part: every
+/// table's row key holds `ts`, so rows with one key always fall in one part
+/// and every duplicate is removed, however many files the hour becomes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Slice {
+    pub index: usize,
+    pub count: usize,
+}
+
+impl Slice {
+    const HOUR_US: i64 = 3_600_000_000;
+
+    /// The part of the hour `ts_us` falls in.
+    fn of(ts_us: i64, count: usize) -> usize {
+        let into_hour = ts_us.rem_euclid(Self::HOUR_US) as i128;
+        (into_hour * count as i128 / Self::HOUR_US as i128) as usize
+    }
+
+    fn rows_of(self, batch: &RecordBatch) -> Result<RecordBatch, ArrowError> {
+        let ts = batch
+            .column_by_name(gputel_schemas::col::TS)
+            .and_then(|c| c.as_primitive_opt::<TimestampMicrosecondType>())
+            .ok_or_else(|| ArrowError::SchemaError("no microsecond ts column".into()))?;
+        let mask: BooleanArray = ts
+            .iter()
+            .map(|ts| Some(ts.map_or(0, |ts| Self::of(ts, self.count)) == self.index))
+            .collect();
+        filter_record_batch(batch, &mask)
+    }
 }
 
 /// Merges a group of files' rows into one sorted, encoded file.
@@ -66,6 +131,7 @@ pub(super) fn merge(
     hour: &str,
     group: Vec<RecordBatch>,
     stems: &[String],
+    slice: Option<Slice>,
 ) -> Result<Output, CompactError> {
     let merge_err = |source| CompactError::Merge {
         hour: hour.to_owned(),
@@ -83,9 +149,13 @@ pub(super) fn merge(
         &sorted,
     )
     .map_err(|source| PersistError::Encode { path: name, source })?;
+    let mut named = stems.join("/");
+    if let Some(Slice { index, count }) = slice {
+        named.push_str(&format!("#{index}/{count}"));
+    }
     let stem = format!(
         "{COMPACTED_PREFIX}{:016x}",
-        XxHash64::oneshot(0, stems.join("/").as_bytes())
+        XxHash64::oneshot(0, named.as_bytes())
     );
     Ok(Output {
         stem,
@@ -207,9 +277,10 @@ pub(super) async fn merge_off_runtime(
     hour: &str,
     group: Vec<RecordBatch>,
     stems: Vec<String>,
+    slice: Option<Slice>,
 ) -> Result<Output, CompactError> {
     let hour = hour.to_owned();
-    off_runtime(move || merge(table, &hour, group, &stems)).await
+    off_runtime(move || merge(table, &hour, group, &stems, slice)).await
 }
 
 #[cfg(test)]

@@ -22,7 +22,6 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::io;
-use std::mem::take;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -123,6 +122,9 @@ pub struct CompactOptions {
     /// this: its files whose rows its log still holds are left alone, as a
     /// replay could write them again with more rows.
     pub unreleased_of: Option<(String, u64)>,
+    /// Most rows in one compacted file ([`MAX_COMPACTED_FILE_ROWS`]); an
+    /// hour with more is merged in parts of the hour, one file each.
+    pub max_file_rows: usize,
 }
 
 impl Default for CompactOptions {
@@ -133,6 +135,7 @@ impl Default for CompactOptions {
             since_us: None,
             before_us: None,
             unreleased_of: None,
+            max_file_rows: MAX_COMPACTED_FILE_ROWS,
         }
     }
 }
@@ -335,15 +338,11 @@ async fn compact_hour(
     }
     files.sort_by(|a, b| a.0.stem().cmp(b.0.stem()));
 
-    // Merged files, each with the index of the output that holds its rows.
-    let mut sources: Vec<(Source, usize)> = Vec::new();
+    // Files to merge, with their bytes.
+    let mut inputs: Vec<(Source, Bytes)> = Vec::new();
     // Files already merged into an existing output by an interrupted
     // compaction (S3): deleted, not merged again.
     let mut leftovers: Vec<Source> = Vec::new();
-    let mut outputs = Vec::new();
-    let mut group: Vec<RecordBatch> = Vec::new();
-    let mut group_stems: Vec<String> = Vec::new();
-    let mut group_rows = 0;
     let mut rows = 0;
     for (path, size) in files {
         let name = path.to_string();
@@ -375,30 +374,43 @@ async fn compact_hour(
                 continue;
             }
         }
-        let decoded = {
-            let name = name.clone();
-            off_runtime(move || decode(table, &name, bytes)).await?
+        let file_rows = {
+            let (name, bytes) = (name.clone(), bytes.clone());
+            off_runtime(move || rows_of(table, &name, bytes)).await?
         };
-        let Some(batches) = decoded else {
+        let Some(file_rows) = file_rows else {
             warn!(file = %name, "schema differs from the table's; hour {hour} left as it is");
             report.hours_skipped += 1;
             return Ok(());
         };
-        let file_rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
-        if group_rows > 0 && group_rows + file_rows > MAX_COMPACTED_FILE_ROWS {
-            let (batches, stems) = (take(&mut group), take(&mut group_stems));
-            outputs.push(merge_off_runtime(table, &hour, batches, stems).await?);
-            group_rows = 0;
-        }
-        group.extend(batches);
-        group_stems.push(source.path.stem().to_owned());
-        group_rows += file_rows;
         rows += file_rows;
-        sources.push((source, outputs.len()));
+        inputs.push((source, bytes));
     }
-    if !group.is_empty() {
-        outputs.push(merge_off_runtime(table, &hour, group, group_stems).await?);
+    // An hour of more rows than one file may hold is merged in parts of the
+    // hour, one file each; see `Slice`.
+    let count = rows.div_ceil(options.max_file_rows.max(1)).max(1);
+    let stems: Vec<String> = inputs
+        .iter()
+        .map(|(s, _)| s.path.stem().to_owned())
+        .collect();
+    let mut outputs = Vec::new();
+    for index in 0..count {
+        if inputs.is_empty() {
+            break;
+        }
+        let slice = (count > 1).then_some(Slice { index, count });
+        let mut group = Vec::new();
+        for (source, bytes) in &inputs {
+            let (name, bytes) = (source.path.to_string(), bytes.clone());
+            let decoded = off_runtime(move || decode(table, &name, bytes, slice)).await?;
+            group.extend(decoded.unwrap_or_default());
+        }
+        outputs.push(merge_off_runtime(table, &hour, group, stems.clone(), slice).await?);
     }
+    // Each merged file's rows are in every output; its marker names the
+    // last, published last.
+    let last = outputs.len().saturating_sub(1);
+    let sources: Vec<(Source, usize)> = inputs.into_iter().map(|(s, _)| (s, last)).collect();
     if sources.len() < 2 && leftovers.is_empty() {
         return Ok(());
     }
