@@ -159,7 +159,7 @@ pub struct DcgmOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum DcgmUnavailable {
     #[error(
-        "DCGM library {lib} could not be loaded ({reason}); install DCGM (package datacenter-gpu-manager-4-core or datacenter-gpu-manager) or name the library with --dcgm-lib"
+        "DCGM library {lib} could not be loaded ({reason}); install DCGM (NVIDIA's datacenter-gpu-manager packages) or name the library with --dcgm-lib"
     )]
     NoLibrary { lib: String, reason: String },
     #[error("{lib} has no function {symbol}: it is not DCGM 3.0 or newer")]
