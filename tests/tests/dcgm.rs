@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use gputel_tests::{
-    Running, SCENARIO_ENV, duckdb, duckdb_bin, fake_dcgm, fixture_agent, start_collector,
+    Running, SCENARIO_ENV, duckdb, duckdb_bin, fake_dcgm, fixture_agent, http_get, start_collector,
     table_scan, workspace_root,
 };
 use serde_json::{Value, json};
@@ -259,6 +259,51 @@ fn a_host_engine_on_a_unix_socket_and_dcgm_embedded_in_the_agent() {
         "{}",
         warned[0]
     );
+}
+
+#[test]
+fn metrics_serves_dcgms_values_under_dcgm_exporters_names() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (collector, addr) = start_collector(&dir.path().join("store"), &[]);
+    let mut cmd = fixture_agent("gpu-node-017");
+    cmd.args(["--collector", &format!("http://{addr}")])
+        .args(["--interval", "100ms", "--metrics-listen", "127.0.0.1:0"])
+        .args(with_fake_dcgm(&[]))
+        .env(SCENARIO_ENV, a100x2())
+        .env("RUST_LOG", "info");
+    let mut agent = Running::spawn(cmd);
+    let metrics = agent.metrics_address();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let body = loop {
+        let (status, body) = http_get(&metrics, "/metrics").expect("GET /metrics");
+        assert_eq!(status, 200);
+        if body.contains("DCGM_FI_PROF_SM_ACTIVE{") {
+            break body;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no profiling series:\n{body}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // DCGM's own unit, a ratio, on GPU 0's series.
+    for (name, want) in [
+        ("DCGM_FI_PROF_SM_ACTIVE", "0.625"),
+        ("DCGM_FI_PROF_SM_OCCUPANCY", "0.3125"),
+        ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "0.5"),
+        ("DCGM_FI_PROF_DRAM_ACTIVE", "0.375"),
+        ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "0.75"),
+    ] {
+        let prefix =
+            format!("{name}{{gpu=\"0\",UUID=\"GPU-a1000000-0000-4000-8000-000000000000\",");
+        let line = body
+            .lines()
+            .find(|l| l.starts_with(&prefix))
+            .unwrap_or_else(|| panic!("no {prefix}…:\n{body}"));
+        assert_eq!(line.rsplit(' ').next(), Some(want), "{line}");
+    }
+    agent.terminate(Duration::from_secs(30));
+    collector.terminate(Duration::from_secs(30));
 }
 
 /// Streams `ticks` ticks of 100 ms of `scenario` (the fake DCGM, `args`,
