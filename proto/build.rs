@@ -24,6 +24,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ".gputel.v1.GpuEvent.kind",
         "#[serde(serialize_with = \"crate::serialize_event_kind\")]",
     );
+    config = config.field_attribute(
+        ".gputel.v1.GpuSample.profiling_source",
+        "#[serde(serialize_with = \"crate::serialize_profiling_source\")]",
+    );
     // The collector's server is generated below with its own codec; agents
     // use this client.
     config.build_server(false).compile_fds(descriptors)?;

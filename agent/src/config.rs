@@ -9,6 +9,8 @@ use serde::Deserialize;
 
 use crate::metrics::HostnameLabel;
 use crate::sampler::Source;
+use crate::sampler::dcgm::{DEFAULT_DCGM_HOST, DcgmHost};
+use crate::sampler::gpu::Profiling;
 
 /// The collector's default address (see gputel-collector's `--listen`).
 pub const DEFAULT_COLLECTOR: &str = "http://127.0.0.1:7117";
@@ -68,6 +70,26 @@ pub struct Settings {
     /// NVML library to load [default: the system's libnvidia-ml.so.1].
     #[arg(long, value_name = "PATH")]
     pub nvml_lib: Option<PathBuf>,
+    /// Where SM activity, SM occupancy, tensor and DRAM activity come from:
+    /// auto (GPM on GPUs that have it, Hopper and newer; DCGM's profiling
+    /// fields on the others, such as A100s), gpm (GPM only; DCGM is never
+    /// loaded), dcgm (DCGM for every GPU; GPM only where DCGM cannot read a
+    /// GPU) [default: auto].
+    #[arg(long, value_name = "SOURCE")]
+    pub profiling_source: Option<Profiling>,
+    /// DCGM to read profiling fields through: a host engine at HOST:PORT
+    /// or unix:///PATH (nv-hostengine, shared with dcgm-exporter), or
+    /// embedded to start DCGM inside the agent [default: 127.0.0.1:5555].
+    #[arg(long, value_name = "ADDR", value_parser = DcgmHost::parse)]
+    pub dcgm_host: Option<DcgmHost>,
+    /// DCGM library to load [default: libdcgm.so.4, else libdcgm.so.3].
+    #[arg(long, value_name = "PATH")]
+    pub dcgm_lib: Option<PathBuf>,
+    /// While this file exists, DCGM's profiling is paused (dcgmProfPause),
+    /// so a job can profile itself with Nsight; the profiling columns are
+    /// null meanwhile, and removing the file resumes it [default: none].
+    #[arg(long, value_name = "FILE")]
+    pub dcgm_pause_file: Option<PathBuf>,
     /// Directory of the on-disk spool: unacknowledged batches are kept there
     /// until the collector has them, through collector outages and agent
     /// restarts. Without it they are kept in memory only [default: none].
@@ -140,6 +162,10 @@ impl Settings {
             sysfs_root: self.sysfs_root.or(other.sysfs_root),
             sources: self.sources.or(other.sources),
             nvml_lib: self.nvml_lib.or(other.nvml_lib),
+            profiling_source: self.profiling_source.or(other.profiling_source),
+            dcgm_host: self.dcgm_host.or(other.dcgm_host),
+            dcgm_lib: self.dcgm_lib.or(other.dcgm_lib),
+            dcgm_pause_file: self.dcgm_pause_file.or(other.dcgm_pause_file),
             max_pending_batches: self.max_pending_batches.or(other.max_pending_batches),
             spool_dir: self.spool_dir.or(other.spool_dir),
             spool_max_bytes: self.spool_max_bytes.or(other.spool_max_bytes),
@@ -170,6 +196,11 @@ pub struct Config {
     /// The sources sampled, each once, in [`Source::ALL`]'s order.
     pub sources: Vec<Source>,
     pub nvml_lib: Option<PathBuf>,
+    pub profiling_source: Profiling,
+    pub dcgm_host: DcgmHost,
+    /// None: the system's libdcgm.so.4 or libdcgm.so.3.
+    pub dcgm_lib: Option<PathBuf>,
+    pub dcgm_pause_file: Option<PathBuf>,
     pub max_pending_batches: usize,
     pub spool_dir: Option<PathBuf>,
     pub spool_max_bytes: u64,
@@ -236,6 +267,12 @@ impl Config {
                 None => Source::ALL.to_vec(),
             },
             nvml_lib: s.nvml_lib,
+            profiling_source: s.profiling_source.unwrap_or_default(),
+            dcgm_host: s
+                .dcgm_host
+                .unwrap_or_else(|| DcgmHost::Tcp(DEFAULT_DCGM_HOST.to_owned())),
+            dcgm_lib: s.dcgm_lib,
+            dcgm_pause_file: s.dcgm_pause_file,
             max_pending_batches: s.max_pending_batches.unwrap_or(3600),
             spool_dir: s.spool_dir,
             spool_max_bytes: s.spool_max_bytes.unwrap_or(256 * 1024 * 1024),
@@ -494,6 +531,72 @@ mod tests {
             "n1.key",
         ];
         assert!(load(&tls).unwrap());
+    }
+
+    #[test]
+    fn dcgm_settings_come_from_file_or_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.toml");
+        let file = path.to_str().unwrap();
+        let load = |args: &[&str]| {
+            let mut argv = vec!["gputel-agent", "--plaintext", "--node", "n"];
+            argv.extend_from_slice(args);
+            Config::load(&Cli::try_parse_from(argv).map_err(|e| e.to_string())?)
+                .map_err(|e| e.to_string())
+        };
+        let defaults = load(&[]).unwrap();
+        assert_eq!(defaults.profiling_source, Profiling::Auto);
+        assert_eq!(defaults.dcgm_host, DcgmHost::Tcp("127.0.0.1:5555".into()));
+        assert_eq!(defaults.dcgm_lib, None);
+        assert_eq!(defaults.dcgm_pause_file, None);
+
+        std::fs::write(
+            &path,
+            "profiling-source = \"dcgm\"\ndcgm-host = \"unix:///run/nvidia-dcgm.sock\"\n\
+             dcgm-lib = \"/opt/dcgm/libdcgm.so.4\"\n\
+             dcgm-pause-file = \"/run/gputel/profiling-paused\"\n",
+        )
+        .unwrap();
+        let from_file = load(&["--config", file]).unwrap();
+        assert_eq!(from_file.profiling_source, Profiling::Dcgm);
+        assert_eq!(
+            from_file.dcgm_host,
+            DcgmHost::Unix("/run/nvidia-dcgm.sock".into())
+        );
+        assert_eq!(
+            from_file.dcgm_lib,
+            Some(PathBuf::from("/opt/dcgm/libdcgm.so.4"))
+        );
+        assert_eq!(
+            from_file.dcgm_pause_file,
+            Some(PathBuf::from("/run/gputel/profiling-paused"))
+        );
+        let flags = load(&[
+            "--config",
+            file,
+            "--profiling-source",
+            "gpm",
+            "--dcgm-host",
+            "embedded",
+        ])
+        .unwrap();
+        assert_eq!(flags.profiling_source, Profiling::Gpm);
+        assert_eq!(flags.dcgm_host, DcgmHost::Embedded);
+
+        let err = load(&["--dcgm-host", "unix://relative.sock"]).unwrap_err();
+        assert!(
+            err.contains("invalid value 'unix://relative.sock' for '--dcgm-host <ADDR>'")
+                && err.contains("use HOST:PORT"),
+            "{err}"
+        );
+        let err = load(&["--profiling-source", "nvml"]).unwrap_err();
+        assert!(err.contains("[possible values: auto, gpm, dcgm]"), "{err}");
+        std::fs::write(&path, "dcgm-host = \"gpu-017:70000\"\n").unwrap();
+        let err = load(&["--config", file]).unwrap_err();
+        assert!(
+            err.contains("\"gpu-017:70000\" is not a DCGM host engine"),
+            "{err}"
+        );
     }
 
     #[test]

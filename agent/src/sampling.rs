@@ -12,6 +12,7 @@ use tracing::{debug, info, warn};
 use crate::clock::{next_tick, now_us};
 use crate::config::Config;
 use crate::jobs::JobAttributor;
+use crate::sampler::dcgm::DcgmOptions;
 use crate::sampler::gpu::{GpuOptions, GpuSampler};
 use crate::sampler::ib::IbSampler;
 use crate::sampler::node::NodeSampler;
@@ -61,6 +62,13 @@ impl Samplers {
                 procfs_root: config.procfs_root.clone(),
                 process_interval_us: i64::try_from(config.process_interval.as_micros())
                     .unwrap_or(i64::MAX),
+                profiling: config.profiling_source,
+                dcgm: DcgmOptions {
+                    lib: config.dcgm_lib.clone(),
+                    host: config.dcgm_host.clone(),
+                    pause_file: config.dcgm_pause_file.clone(),
+                    interval: config.interval,
+                },
             }) {
                 Ok(gpu) => {
                     let driver_version = gpu.driver_version().map(str::to_owned);

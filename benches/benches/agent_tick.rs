@@ -29,7 +29,8 @@ use std::time::Duration;
 use clap::Parser;
 use criterion::{Criterion, criterion_group, criterion_main};
 use gputel_agent::config::{Cli, Config};
-use gputel_agent::sampler::gpu::{GpuOptions, GpuSampler};
+use gputel_agent::sampler::dcgm::{DEFAULT_DCGM_HOST, DcgmHost, DcgmOptions};
+use gputel_agent::sampler::gpu::{GpuOptions, GpuSampler, Profiling};
 use gputel_agent::sampler::ib::IbSampler;
 use gputel_agent::sampler::node::NodeSampler;
 use gputel_agent::sampler::{Sampler, Tick};
@@ -269,6 +270,15 @@ fn with_nvml(c: &mut Criterion) {
         procfs_root: proc_fixture(),
         // Processes are listed at the first tick only: their cost is not per tick.
         process_interval_us: i64::MAX,
+        // As the agent runs by default: on a node of GPUs without GPM (a real
+        // library named by the variable), DCGM's reads are part of a tick.
+        profiling: Profiling::Auto,
+        dcgm: DcgmOptions {
+            lib: None,
+            host: DcgmHost::Tcp(DEFAULT_DCGM_HOST.to_owned()),
+            pause_file: None,
+            interval: Duration::from_secs(1),
+        },
     };
     let mut gpu = match GpuSampler::open(&options) {
         Ok(gpu) => gpu,

@@ -16,7 +16,8 @@ pub mod wire;
 
 pub use v1::{
     AgentMessage, AlertRow, Batch, CollectorMessage, EventKind, GpuEvent, GpuProcess, GpuSample,
-    Hello, IbPortSample, NodeSample, WalRecord, WalState, agent_message, collector_message,
+    Hello, IbPortSample, NodeSample, ProfilingSource, WalRecord, WalState, agent_message,
+    collector_message,
 };
 
 /// The bits of `GpuSample.clock_event_reasons` (NVML's
@@ -75,4 +76,29 @@ impl EventKind {
 /// Serializes an `EventKind` field (an `i32` on the wire) by its name.
 pub fn serialize_event_kind<S: serde::Serializer>(kind: &i32, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(EventKind::try_from(*kind).map_or("unknown", EventKind::name))
+}
+
+impl ProfilingSource {
+    /// The source as it is stored and shown: "gpm" or "dcgm".
+    pub fn name(self) -> &'static str {
+        match self {
+            ProfilingSource::Unspecified => "unspecified",
+            ProfilingSource::Gpm => "gpm",
+            ProfilingSource::Dcgm => "dcgm",
+        }
+    }
+}
+
+/// Serializes an optional `ProfilingSource` field (an `i32` on the wire) by
+/// its name, or null when unset.
+pub fn serialize_profiling_source<S: serde::Serializer>(
+    source: &Option<i32>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match source {
+        Some(v) => {
+            s.serialize_str(ProfilingSource::try_from(*v).map_or("unknown", ProfilingSource::name))
+        }
+        None => s.serialize_none(),
+    }
 }

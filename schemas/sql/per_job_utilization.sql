@@ -10,8 +10,11 @@
 --   job_id   the scheduler's job id
 --   gpus     distinct (node, GPU) pairs the job was seen on
 --   metric   gpu_util_pct   NVML utilization: % of the interval any kernel ran
---            sm_active_pct  GPM SM activity: % of SM cycles busy (null before
---                           Hopper, and on each GPU's first tick)
+--            sm_active_pct  SM activity: % of SM cycles busy, from GPM (Hopper
+--                           and newer; null on a GPU's first tick) or DCGM's
+--                           profiling fields (A100 and other GPUs before
+--                           Hopper; the gpu table's profiling_source says
+--                           which); null on GPUs with neither
 --            fb_used_gib    framebuffer memory used, GiB
 --            power_w        power draw, W
 --   samples  samples with a value for this metric

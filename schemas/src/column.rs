@@ -13,7 +13,7 @@ use arrow_array::builder::{
 };
 use arrow_array::types::Int32Type;
 use arrow_schema::{DataType, Field, TimeUnit};
-use gputel_proto::EventKind;
+use gputel_proto::{EventKind, ProfilingSource};
 
 /// Longest string value accepted in a row (UUIDs, model names, port states).
 pub const MAX_VALUE_BYTES: usize = 256;
@@ -442,6 +442,34 @@ impl ColumnKind for EventKindName {
     }
     fn put(builder: &mut Dictionary, v: i32) {
         builder.append_value(EventKind::try_from(v).map_or("unspecified", EventKind::name));
+    }
+    fn finish(builder: &mut Dictionary) -> ArrayRef {
+        ArrayBuilder::finish(builder)
+    }
+}
+
+/// Where a GPU row's profiling metrics come from: a protocol enum on the
+/// wire, its name ("gpm", "dcgm") in the table, null when unset. Only the
+/// sources the protocol defines (not "unspecified") are accepted.
+#[derive(Debug)]
+pub enum OptProfilingSourceName {}
+
+impl ColumnKind for OptProfilingSourceName {
+    type Value<'a> = Option<i32>;
+    type Builder = Dictionary;
+    fn field(name: &'static str) -> Field {
+        dictionary_field(name, true)
+    }
+    fn check(row: RowContext, name: &'static str, v: Option<i32>) -> Result<(), ColumnError> {
+        match v.map(ProfilingSource::try_from) {
+            None | Some(Ok(ProfilingSource::Gpm | ProfilingSource::Dcgm)) => Ok(()),
+            Some(_) => Err(row.fail(name, "not a known profiling source")),
+        }
+    }
+    fn put(builder: &mut Dictionary, v: Option<i32>) {
+        builder.append_option(
+            v.map(|v| ProfilingSource::try_from(v).map_or("unspecified", ProfilingSource::name)),
+        );
     }
     fn finish(builder: &mut Dictionary) -> ArrayRef {
         ArrayBuilder::finish(builder)

@@ -8,8 +8,8 @@ use gputel_proto::{AlertRow, GpuEvent, GpuProcess, GpuSample, IbPortSample, Node
 
 use crate::column::{
     ColumnError, ColumnKind, EventKindName, I64, Label, LabelList, OptBool, OptF64, OptLabel,
-    OptNonNegF32, OptNonNegF64, OptU32, OptU32Wide, OptU64, OtherTimestamp, RowContext, Text,
-    Timestamp, U32, U64, flag,
+    OptNonNegF32, OptNonNegF64, OptProfilingSourceName, OptU32, OptU32Wide, OptU64, OtherTimestamp,
+    RowContext, Text, Timestamp, U32, U64, flag,
 };
 
 /// Column names shared by several tables.
@@ -217,6 +217,7 @@ table!(
         tensor_active_pct: OptNonNegF32 = s.tensor_active_pct,
         dram_active_pct: OptNonNegF32 = s.dram_active_pct,
         gr_engine_active_pct: OptNonNegF32 = s.gr_engine_active_pct,
+        profiling_source: OptProfilingSourceName = s.profiling_source,
         power_limit_mw: OptU32Wide = s.power_limit_mw,
         power_avg_mw: OptU32Wide = s.power_avg_mw,
         clock_event_reasons: OptU64 = s.clock_event_reasons,
@@ -507,6 +508,8 @@ mod tests {
             temperature_c: Some(71),
             clock_event_reasons: Some(reason::HW_THERMAL | reason::GPU_IDLE),
             job_id: Some("4242".into()),
+            sm_active_pct: Some(62.5),
+            profiling_source: Some(gputel_proto::ProfilingSource::Dcgm.into()),
             ..Default::default()
         };
         let mut rows = GpuRows::default();
@@ -515,6 +518,8 @@ mod tests {
             "gpu-node-017",
             &GpuSample {
                 gpu: 4,
+                sm_active_pct: None,
+                profiling_source: None,
                 ..sample.clone()
             },
         );
@@ -531,6 +536,12 @@ mod tests {
         let flag = |name: &str| column(name).as_boolean().value(0);
         assert!(flag("throttle_hw_thermal") && flag("throttle_gpu_idle"));
         assert!(!flag("throttle_sw_thermal") && !flag("throttle_sw_power_cap"));
+        // The profiling source by its name, null on the row without activity.
+        let source = column("profiling_source");
+        let source = source.as_dictionary::<Int32Type>();
+        let names = source.values().as_string::<i32>();
+        assert_eq!(names.value(source.keys().value(0) as usize), "dcgm");
+        assert!(source.is_null(1));
         // A finished builder starts over.
         assert!(rows.finish().iter().all(|c| c.is_empty()));
     }
@@ -597,6 +608,22 @@ mod tests {
             .to_string(),
             "event row 7: kind is not a known event kind"
         );
+        for (source, want) in [(None, Ok(())), (Some(1), Ok(())), (Some(2), Ok(()))] {
+            let row_ok = GpuSample {
+                profiling_source: source,
+                ..good.clone()
+            };
+            assert_eq!(GpuRows::check(row, "n1", &row_ok), want, "{source:?}");
+        }
+        for unknown in [0, 3] {
+            assert_eq!(
+                fails(GpuSample {
+                    profiling_source: Some(unknown),
+                    ..good.clone()
+                }),
+                "gpu row 7: profiling_source is not a known profiling source"
+            );
+        }
     }
 
     /// Every float column of the tables agents write is a share, load, rate

@@ -64,6 +64,12 @@ pub fn fake_nvml() -> PathBuf {
     built("libgputel_fake_nvml.so")
 }
 
+/// The fake DCGM library (`tests/fake-dcgm`), driven by the same scenario
+/// variable as the fake NVML.
+pub fn fake_dcgm() -> PathBuf {
+    built("libgputel_fake_dcgm.so")
+}
+
 /// An agent command on the fake NVML and the fixture trees, as node `node`;
 /// the fake's scenario variable is cleared (its built-in eight H100s).
 pub fn fixture_agent(node: &str) -> Command {

@@ -8,11 +8,16 @@ use gputel_tests::{
 use serde_json::{Value, json};
 
 fn once_with(scenario: &str) -> Value {
+    once_with_args(scenario, &[])
+}
+
+fn once_with_args(scenario: &str, args: &[&str]) -> Value {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("scenario.toml");
     std::fs::write(&path, scenario).expect("write scenario");
     let out = fixture_agent("gpu-node-017")
         .args(["--once", "--interval", "200ms"])
+        .args(args)
         .env(SCENARIO_ENV, &path)
         .output()
         .expect("run gputel-agent");
@@ -78,6 +83,7 @@ fn every_metric_family_reads_exactly() {
         ("tensor_active_pct", json!(61.0)),
         ("dram_active_pct", json!(33.5)),
         ("gr_engine_active_pct", json!(91.0)),
+        ("profiling_source", json!("gpm")),
         ("clock_event_reasons", json!(36)),
         ("ecc_corrected_volatile", json!(12)),
         ("ecc_uncorrected_volatile", json!(1)),
@@ -112,14 +118,16 @@ fn every_metric_family_reads_exactly() {
 }
 
 #[test]
-fn without_gpm_the_activity_columns_are_null_not_zero() {
-    let snap = once_with(
+fn without_gpm_or_dcgm_the_activity_columns_are_null_not_zero() {
+    // No DCGM on this node (tests/tests/dcgm.rs has it).
+    let snap = once_with_args(
         r#"
 [[gpu]]
 name = "NVIDIA A100-SXM4-80GB"
 gpm = false
 sm_active_pct = 50.0
 "#,
+        &["--dcgm-lib", "/nonexistent/libdcgm.so.4"],
     );
     let gpu = &snap["gpus"][0];
     for field in [
@@ -128,6 +136,7 @@ sm_active_pct = 50.0
         "tensor_active_pct",
         "dram_active_pct",
         "gr_engine_active_pct",
+        "profiling_source",
     ] {
         assert_eq!(gpu[field], json!(null), "{field}");
     }

@@ -73,7 +73,7 @@ fn the_default_fake_presents_eight_h100s_with_every_field() {
         // instead), the job and pod (the built-in GPUs run nothing), the
         // MIG device fields (MIG is disabled) and the fan (SXM boards have
         // none).
-        assert_eq!(fields.len(), 58, "{gpu}");
+        assert_eq!(fields.len(), 59, "{gpu}");
         for (field, value) in fields {
             let absent = field.starts_with("retired_pages_")
                 || ["job_id", "pod_uid", "fan_speed_pct"].contains(&field.as_str())
@@ -91,6 +91,8 @@ fn the_default_fake_presents_eight_h100s_with_every_field() {
         assert_eq!(gpu["pcie_link_gen"], json!(5));
         assert_eq!(gpu["pcie_link_width_max"], json!(16));
         assert_eq!(gpu["performance_state"], json!(0));
+        // H100s: GPM, read a second time by --once, so it has values.
+        assert_eq!(gpu["profiling_source"], json!("gpm"));
         assert_eq!(gpu["gpu"], json!(i));
         assert_eq!(gpu["model"], json!("NVIDIA H100 80GB HBM3"));
         assert_eq!(

@@ -8,7 +8,10 @@
 //! one `nvmlDeviceGetFieldValues` call for memory temperature, ECC, retired
 //! pages, remapped rows, PCIe replays and the PCIe and NVLink byte counters.
 //! GPM (Hopper and newer) gives SM, tensor and DRAM activity between two
-//! ticks. XID errors arrive on their own thread through NVML's event API.
+//! ticks; on GPUs without GPM (Volta to Ampere), or for every GPU with
+//! `--profiling-source dcgm`, DCGM's profiling fields give the same columns
+//! (`dcgm.rs`), and `profiling_source` says which one filled a row. XID
+//! errors arrive on their own thread through NVML's event API.
 //! Compute processes are listed at a slower cadence: those calls are slow and
 //! hold a driver lock.
 //!
@@ -37,8 +40,10 @@ use nvml_wrapper::{Device, Nvml};
 use nvml_wrapper_sys::bindings::nvmlEventData_t;
 use tracing::{debug, info, warn};
 
+use super::dcgm::{Activity, DcgmOptions, DcgmProfiler, Readings};
 use super::{SampleError, Sampler, Source, Tick};
 use crate::clock::now_us;
+use gputel_proto::ProfilingSource;
 use gputel_proto::clock_event_reasons as reason;
 
 /// The library NVML ships as, found through the dynamic loader's search path.
@@ -102,6 +107,22 @@ const GPM_METRICS: [GpmMetricId; 5] = [
     GpmMetricId::GraphicsUtil,
 ];
 
+// GPM and DCGM fill the same five columns, in the same order.
+const _: () = assert!(GPM_METRICS.len() == super::dcgm::FIELDS.len());
+
+/// Where SM, tensor and DRAM activity come from (`--profiling-source`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Profiling {
+    /// GPM on the GPUs that have it (Hopper and newer), DCGM on the others.
+    #[default]
+    Auto,
+    /// GPM only; DCGM is never loaded.
+    Gpm,
+    /// DCGM for every GPU; GPM only for a GPU DCGM does not read.
+    Dcgm,
+}
+
 /// How long the XID thread blocks in one wait before it checks for shutdown.
 const XID_WAIT_MS: u32 = 500;
 
@@ -147,6 +168,10 @@ pub struct GpuOptions {
     pub procfs_root: PathBuf,
     /// Time between process listings, in microseconds.
     pub process_interval_us: i64,
+    /// Where SM, tensor and DRAM activity come from.
+    pub profiling: Profiling,
+    /// How to reach DCGM, when it is used.
+    pub dcgm: DcgmOptions,
 }
 
 /// Counter readings kept from the previous tick, for rates.
@@ -238,6 +263,9 @@ pub struct GpuSampler {
     procfs_root: PathBuf,
     process_interval_us: i64,
     next_process_ts: i64,
+    /// Reads the profiling fields of the GPUs GPM does not cover (or of
+    /// all, with `--profiling-source dcgm`); None when DCGM is not used.
+    dcgm: Option<DcgmProfiler>,
 }
 
 impl GpuSampler {
@@ -303,11 +331,20 @@ impl GpuSampler {
             });
         }
         if !without_gpm.is_empty() {
+            let how = match options.profiling {
+                Profiling::Gpm => {
+                    "their SM, tensor and DRAM activity stay null (--profiling-source gpm)"
+                }
+                Profiling::Auto | Profiling::Dcgm => {
+                    "their SM, tensor and DRAM activity come from DCGM when it is there"
+                }
+            };
             info!(
                 gpus = ?without_gpm,
-                "no GPM on these GPUs (it needs Hopper or newer): SM, tensor and DRAM activity stay null"
+                "no GPM on these GPUs (it needs Hopper or newer): {how}"
             );
         }
+        let dcgm = open_dcgm(options, &gpus);
         let xids = Arc::new(Mutex::new(Vec::new()));
         let xid_watcher = XidWatcher::start(nvml, &gpus, Arc::clone(&xids));
         Ok(Self {
@@ -318,6 +355,7 @@ impl GpuSampler {
             procfs_root: options.procfs_root.clone(),
             process_interval_us: options.process_interval_us.max(1),
             next_process_ts: i64::MIN,
+            dcgm,
         })
     }
 
@@ -358,6 +396,10 @@ impl Sampler for GpuSampler {
                 });
             }
         }
+        let readings = match self.dcgm.as_mut() {
+            Some(dcgm) => dcgm.read(ts_us, &mut tick.errors),
+            None => Readings::default(),
+        };
         let list_processes = ts_us >= self.next_process_ts;
         tick.processes_listed = list_processes;
         if list_processes {
@@ -370,7 +412,8 @@ impl Sampler for GpuSampler {
                 lost: None,
             };
             let xid_count = xids.iter().filter(|x| x.on(gpu.index, None)).count() as u32;
-            let sample = sample_device(gpu, ts_us, xid_count, &mut read, &mut batch.event);
+            let dcgm = readings.get(gpu.index);
+            let sample = sample_device(gpu, ts_us, xid_count, dcgm, &mut read, &mut batch.event);
             if let Some(detail) = read.lost.take() {
                 if !gpu.lost {
                     warn!(gpu = gpu.index, uuid = %gpu.uuid, "GPU lost: {detail}; the other GPUs are still sampled");
@@ -499,10 +542,13 @@ fn field_name(id: u32) -> &'static str {
     }
 }
 
+/// One GPU's own row. Its activity comes from `dcgm` when DCGM reads the
+/// GPU, else from GPM.
 fn sample_device(
     gpu: &mut GpuState,
     ts_us: i64,
     xid_count: u32,
+    dcgm: Option<&Activity>,
     read: &mut Reader<'_>,
     events: &mut Vec<GpuEvent>,
 ) -> GpuSample {
@@ -527,7 +573,16 @@ fn sample_device(
         .get("clock_event_reasons", device.current_throttle_reasons())
         .map(|r| r.bits());
     let fields = Fields::read(device, read);
-    let gpm = sample_gpm(device, &mut gpu.gpm, read);
+    let (activity, source) = match dcgm {
+        Some(activity) => {
+            // GPM starts over with two fresh samples should DCGM stop.
+            if let Some(prev) = gpu.gpm.as_mut() {
+                *prev = None;
+            }
+            (*activity, ProfilingSource::Dcgm)
+        }
+        None => (sample_gpm(device, &mut gpu.gpm, read), ProfilingSource::Gpm),
+    };
 
     let now = Counters {
         ts_us,
@@ -561,11 +616,12 @@ fn sample_device(
         fb_free_bytes: memory.as_ref().map(|m| m.free),
         fb_total_bytes: memory.as_ref().map(|m| m.total),
         fb_reserved_bytes: memory.as_ref().map(|m| m.reserved),
-        sm_active_pct: gpm[0],
-        sm_occupancy_pct: gpm[1],
-        tensor_active_pct: gpm[2],
-        dram_active_pct: gpm[3],
-        gr_engine_active_pct: gpm[4],
+        sm_active_pct: activity[0],
+        sm_occupancy_pct: activity[1],
+        tensor_active_pct: activity[2],
+        dram_active_pct: activity[3],
+        gr_engine_active_pct: activity[4],
+        profiling_source: profiling_source(&activity, source),
         power_limit_mw: read.get("power_limit", device.enforced_power_limit()),
         power_avg_mw: rate(|c| c.energy_mj, 1).and_then(|mw| u32::try_from(mw).ok()),
         clock_event_reasons: reasons,
@@ -621,6 +677,48 @@ fn sample_device(
     }
     gpu.prev_reasons = reasons;
     sample
+}
+
+/// `source`, as a row's `profiling_source`, when any of `activity` is set.
+fn profiling_source(activity: &Activity, source: ProfilingSource) -> Option<i32> {
+    activity
+        .iter()
+        .any(Option::is_some)
+        .then_some(source.into())
+}
+
+/// DCGM for the GPUs `options.profiling` gives it (MIG-enabled GPUs are
+/// left to GPM: DCGM's profiling fields are read per GPU here); None when
+/// there are none, or DCGM cannot be loaded, which is said once.
+fn open_dcgm(options: &GpuOptions, gpus: &[GpuState]) -> Option<DcgmProfiler> {
+    let wanted: Vec<(u32, String)> = gpus
+        .iter()
+        .filter(|g| g.instances.is_empty())
+        .filter(|g| match options.profiling {
+            Profiling::Auto => g.gpm.is_none(),
+            Profiling::Dcgm => true,
+            Profiling::Gpm => false,
+        })
+        .map(|g| (g.index, g.uuid.clone()))
+        .collect();
+    if wanted.is_empty() {
+        return None;
+    }
+    let indices: Vec<u32> = wanted.iter().map(|(index, _)| *index).collect();
+    match DcgmProfiler::open(&options.dcgm, wanted, now_us()) {
+        Ok(dcgm) => Some(dcgm),
+        Err(e) => {
+            let instead = match options.profiling {
+                Profiling::Dcgm => "they come from GPM where the GPU has it, else stay null",
+                Profiling::Auto | Profiling::Gpm => "they stay null",
+            };
+            warn!(
+                gpus = ?indices,
+                "SM activity, SM occupancy, tensor and DRAM activity of these GPUs are not read through DCGM ({instead}): {e}"
+            );
+            None
+        }
+    }
 }
 
 /// P0–P15 as 0–15; None for "unknown".
@@ -764,6 +862,7 @@ fn sample_instances(
             tensor_active_pct: gpm[2],
             dram_active_pct: gpm[3],
             gr_engine_active_pct: gpm[4],
+            profiling_source: profiling_source(&gpm, ProfilingSource::Gpm),
             xid_count: xids.iter().filter(|x| x.on(gpu.index, instance)).count() as u32,
             gpu_instance_id: Some(mig.gpu_instance_id),
             compute_instance_id: Some(mig.compute_instance_id),

@@ -4,6 +4,7 @@
 //! only the readings it concerns: the sampler fills the rest, and the other
 //! samplers carry on. Logging them is the sampling loop's job, not theirs.
 
+pub mod dcgm;
 pub mod gpu;
 pub mod ib;
 pub mod node;
@@ -99,6 +100,9 @@ pub enum SampleError {
     /// NVML failed to give a GPU metric, for a reason other than "not supported".
     #[error(transparent)]
     Gpu(#[from] gpu::GpuError),
+    /// DCGM failed to give the profiling fields.
+    #[error("DCGM: {0}")]
+    Dcgm(#[from] dcgm::DcgmError),
 }
 
 /// A sysfs or procfs attribute as text; None when the file does not exist

@@ -10,15 +10,14 @@
 //! which tests and other crates can use to predict what the library reports.
 
 mod ffi;
-pub mod metric;
 pub mod nvsmi;
-pub mod scenario;
 
 pub use ffi::{MEMORY_V2_VERSION, SUPPORTED_EVENT_TYPES};
-pub use metric::{Fault, Metric, Sample, Value};
-pub use scenario::{
-    DEFAULT_SCENARIO_TOML, Energy, Gpu, MAX_MIG_DEVICES, MemoryReading, MigDevice, PciAddress,
-    Process, SCENARIO_ENV, Scenario, ScenarioError, XidEvent,
+// The scenario format is shared with the fake DCGM library.
+pub use gputel_fake_scenario::{
+    DEFAULT_SCENARIO_TOML, DcgmScenario, Energy, Fault, Gpu, HostEngine, MAX_MIG_DEVICES,
+    MemoryReading, Metric, MigDevice, PciAddress, Process, Profiler, SCENARIO_ENV, Sample,
+    Scenario, ScenarioError, Value, XidEvent, metric, scenario,
 };
 
 /// Where Cargo put the fake library for the running test executable, if it is

@@ -1,5 +1,6 @@
-//! The scenario file: which GPUs the fake library presents and what each of
-//! them reads over time. The format is documented in this crate's README.
+//! The scenario file: which GPUs the fake libraries present and what each
+//! of them reads over time. The format is documented in
+//! `tests/fake-nvml/README.md`.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -11,13 +12,14 @@ use nvml_wrapper_sys::bindings::{
 };
 use serde::Deserialize;
 
+use crate::dcgm::{DcgmScenario, RawDcgm};
 use crate::metric::{Fault, Metric, Sample};
 
 /// The environment variable naming the scenario file, read at each first `nvmlInit`.
 pub const SCENARIO_ENV: &str = "GPUTEL_FAKE_NVML_SCENARIO";
 
 /// The scenario used when [`SCENARIO_ENV`] is unset or empty: eight moving H100s.
-pub const DEFAULT_SCENARIO_TOML: &str = include_str!("../scenarios/h100x8.toml");
+pub const DEFAULT_SCENARIO_TOML: &str = include_str!("../../fake-nvml/scenarios/h100x8.toml");
 
 /// More GPUs than any real node has; a typo in `count` should not allocate gigabytes.
 pub const MAX_GPUS: usize = 1024;
@@ -558,6 +560,8 @@ pub struct Scenario {
     pub hang_at_ms: Option<u64>,
     /// The GPUs, in NVML index order.
     pub gpus: Vec<Gpu>,
+    /// What the fake DCGM library presents besides the GPUs (`[dcgm]`).
+    pub dcgm: DcgmScenario,
 }
 
 #[derive(Debug, Deserialize)]
@@ -570,6 +574,7 @@ struct RawScenario {
     hang_at_ms: Option<u64>,
     #[serde(default)]
     gpu: Vec<RawGpu>,
+    dcgm: Option<RawDcgm>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -679,7 +684,7 @@ impl Scenario {
         Scenario::parse(&text)
     }
 
-    /// The built-in scenario (`scenarios/h100x8.toml`).
+    /// The built-in scenario (`tests/fake-nvml/scenarios/h100x8.toml`).
     pub fn builtin() -> Result<Scenario, ScenarioError> {
         Scenario::parse(DEFAULT_SCENARIO_TOML)
     }
@@ -1018,12 +1023,19 @@ fn build(raw: RawScenario) -> Result<Scenario, ScenarioError> {
         }
     }
 
+    let dcgm = raw
+        .dcgm
+        .unwrap_or_default()
+        .build()
+        .map_err(|(key, problem)| invalid(format!("[dcgm] {key}"), problem))?;
+
     Ok(Scenario {
         driver_version,
         nvml_version,
         init_error: raw.init_error,
         hang_at_ms: raw.hang_at_ms,
         gpus,
+        dcgm,
     })
 }
 
@@ -1173,7 +1185,7 @@ fn check_percent(at: &str, metric: &Metric<f64>) -> Result<(), ScenarioError> {
         {
             return Err(invalid(
                 at,
-                format!("{v} is above 100, and GPM activity is a percentage"),
+                format!("{v} is above 100, and GPM and DCGM activity is a percentage"),
             ));
         }
     }
@@ -1497,7 +1509,7 @@ mod tests {
         let e = error("[[gpu]]\nsm_active_pct = [50, 100.5]\n");
         assert_eq!(
             e,
-            "[[gpu]] entry 1 (sm_active_pct): 100.5 is above 100, and GPM activity is a percentage"
+            "[[gpu]] entry 1 (sm_active_pct): 100.5 is above 100, and GPM and DCGM activity is a percentage"
         );
         let e = error("[[gpu]]\npower_limit_mw = 4294967296\n");
         assert!(
@@ -1728,13 +1740,13 @@ mod tests {
 
     #[test]
     fn readme_examples_parse() {
-        let readme = include_str!("../README.md");
+        let readme = include_str!("../../fake-nvml/README.md");
         let blocks: Vec<&str> = readme
             .split("```toml\n")
             .skip(1)
             .filter_map(|rest| rest.split("```").next())
             .collect();
-        assert_eq!(blocks.len(), 5, "the README's TOML examples");
+        assert_eq!(blocks.len(), 6, "the README's TOML examples");
         for block in &blocks {
             if let Err(e) = Scenario::parse(block) {
                 panic!("README example does not parse: {e}\n{block}");
@@ -1742,7 +1754,7 @@ mod tests {
         }
         assert_eq!(
             parse(blocks[2]),
-            parse(include_str!("../scenarios/two-gpus.toml")),
+            parse(include_str!("../../fake-nvml/scenarios/two-gpus.toml")),
             "the README's complete example is scenarios/two-gpus.toml"
         );
         let mig = parse(blocks[1]);
@@ -1760,19 +1772,68 @@ mod tests {
         assert_eq!(g.processes_at(9_999).count(), 1);
         assert_eq!(g.processes_at(10_000).count(), 2);
         assert_eq!(g.read(&g.sm_active_pct, 0), Ok(71.5));
+        let dcgm = parse(blocks[5]);
+        assert_eq!(
+            dcgm.dcgm,
+            crate::DcgmScenario {
+                version: "3.3.9".into(),
+                host_engine: Some(crate::HostEngine::Tcp("127.0.0.1:5555".into())),
+                embedded: true,
+                profiler: crate::Profiler::Busy,
+            }
+        );
+        assert!(!dcgm.gpus[0].gpm);
+        assert_eq!(dcgm.gpus[0].read(&dcgm.gpus[0].sm_active_pct, 0), Ok(62.5));
+    }
+
+    #[test]
+    fn the_dcgm_table_is_checked_like_the_rest() {
+        assert_eq!(parse("").dcgm, crate::DcgmScenario::default());
+        let none = parse("[dcgm]\nhost_engine = \"\"\nembedded = false\n");
+        assert_eq!(none.dcgm.host_engine, None);
+        assert!(!none.dcgm.embedded);
+        assert_eq!(
+            parse("[dcgm]\nhost_engine = \"unix:///run/dcgm.sock\"\n")
+                .dcgm
+                .host_engine,
+            Some(crate::HostEngine::Unix("/run/dcgm.sock".into()))
+        );
+        assert_eq!(
+            error("[dcgm]\nhost_engine = \"unix://dcgm.sock\"\n"),
+            "[dcgm] host_engine: \"unix://dcgm.sock\": a Unix socket is written unix:///absolute/path"
+        );
+        let err = error("[dcgm]\nprofiler = \"taken\"\n");
+        assert!(
+            err.starts_with(
+                "line 2, column 12: unknown variant `taken`, expected one of `free`, `busy`"
+            ),
+            "{err}"
+        );
+        let err = error("[dcgm]\nhostengine = \"127.0.0.1:5555\"\n");
+        assert!(err.contains("unknown field `hostengine`"), "{err}");
     }
 
     #[test]
     fn example_scenarios_parse() {
         for (file, text) in [
-            ("two-gpus.toml", include_str!("../scenarios/two-gpus.toml")),
-            ("h100x8.toml", include_str!("../scenarios/h100x8.toml")),
+            (
+                "two-gpus.toml",
+                include_str!("../../fake-nvml/scenarios/two-gpus.toml"),
+            ),
+            (
+                "h100x8.toml",
+                include_str!("../../fake-nvml/scenarios/h100x8.toml"),
+            ),
+            (
+                "a100x2.toml",
+                include_str!("../../fake-nvml/scenarios/a100x2.toml"),
+            ),
         ] {
             if let Err(e) = Scenario::parse(text) {
                 panic!("{file}: {e}");
             }
         }
-        let two = parse(include_str!("../scenarios/two-gpus.toml"));
+        let two = parse(include_str!("../../fake-nvml/scenarios/two-gpus.toml"));
         assert_eq!(two.gpus.len(), 2);
         let g1 = &two.gpus[1];
         assert_eq!(
