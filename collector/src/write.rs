@@ -331,6 +331,7 @@ impl WritePath {
         let now_us = clock.now_us();
         for record in &replayed.records {
             buffer.append_alerts(&record.alerts);
+            buffer.append_node_events(&record.node_events);
             let Some(batch) = &record.batch else {
                 continue;
             };

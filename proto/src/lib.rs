@@ -12,7 +12,8 @@ pub mod v1 {
 
 pub use v1::{
     AgentMessage, AlertRow, Batch, CollectorMessage, EventKind, GpuEvent, GpuProcess, GpuSample,
-    Hello, IbPortSample, NodeSample, WalRecord, WalState, agent_message, collector_message,
+    Hello, IbPortSample, NodeEvent, NodeSample, WalRecord, WalState, agent_message,
+    collector_message,
 };
 
 /// The bits of `GpuSample.clock_event_reasons` (NVML's
@@ -56,7 +57,7 @@ pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 
 impl EventKind {
     /// The kind as it is stored and shown: "xid", "gpu_lost", "thermal_throttle",
-    /// "power_throttle".
+    /// "power_throttle", "node_silent", "node_back".
     pub fn name(self) -> &'static str {
         match self {
             EventKind::Unspecified => "unspecified",
@@ -64,7 +65,15 @@ impl EventKind {
             EventKind::GpuLost => "gpu_lost",
             EventKind::ThermalThrottle => "thermal_throttle",
             EventKind::PowerThrottle => "power_throttle",
+            EventKind::NodeSilent => "node_silent",
+            EventKind::NodeBack => "node_back",
         }
+    }
+
+    /// Whether the kind is of a node as a whole (the collector's own node
+    /// events), not of one GPU.
+    pub fn is_node_wide(self) -> bool {
+        matches!(self, EventKind::NodeSilent | EventKind::NodeBack)
     }
 }
 

@@ -483,6 +483,7 @@ fn alert_row(t: &Transition, status: &str) -> AlertRow {
         value: t.value,
         threshold: t.threshold,
         starts_at_us: starts_at(t),
+        reason: None,
     }
 }
 

@@ -38,11 +38,14 @@ pub(super) fn decode(
     let builder = ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(err)?;
     let expected = table.schema();
     let found = builder.schema();
+    // A column that became nullable since a file was written (the event
+    // table's `gpu` and `uuid`, null on node events) reads from that file,
+    // which simply holds no nulls.
     let same = found.fields().len() == expected.fields().len()
         && found.fields().iter().zip(expected.fields()).all(|(a, b)| {
             a.name() == b.name()
                 && a.data_type() == b.data_type()
-                && a.is_nullable() == b.is_nullable()
+                && (a.is_nullable() == b.is_nullable() || b.is_nullable())
         });
     if !same {
         return Ok(None);
@@ -217,7 +220,7 @@ mod tests {
     use arrow_array::cast::AsArray;
     use arrow_array::types::{Int32Type, Int64Type, TimestampMicrosecondType};
     use gputel_proto::{EventKind, GpuEvent, GpuSample};
-    use gputel_schemas::{EventRows, GpuRows};
+    use gputel_schemas::{EventRows, EventSource, GpuRows};
 
     use super::*;
 
@@ -308,7 +311,7 @@ mod tests {
         };
         let mut rows = EventRows::default();
         for e in [xid(13), xid(31), xid(13), xid(13)] {
-            rows.push("n1", &e);
+            rows.push("n1", &EventSource::Gpu(&e));
         }
         let batch = RecordBatch::try_new(Table::Event.schema(), rows.finish()).unwrap();
         let (unique, duplicates) = sort_unique(Table::Event, &batch).unwrap();
@@ -326,5 +329,70 @@ mod tests {
             .values()
             .to_vec();
         assert_eq!(codes, [13, 31]);
+    }
+
+    /// An event file written before node events, whose `gpu` and `uuid`
+    /// were not nullable, is read into the table's schema for compaction;
+    /// a file whose column type differs is not.
+    #[test]
+    fn older_event_files_with_non_null_columns_are_read() {
+        use arrow_schema::{Field, Schema};
+        use parquet::arrow::ArrowWriter;
+
+        let encode = |schema: Arc<Schema>, batch: &RecordBatch| {
+            let batch = RecordBatch::try_new(schema.clone(), batch.columns().to_vec()).unwrap();
+            let mut bytes = Vec::new();
+            let mut writer = ArrowWriter::try_new(&mut bytes, schema, None).unwrap();
+            writer.write(&batch).unwrap();
+            writer.close().unwrap();
+            Bytes::from(bytes)
+        };
+        let xid = GpuEvent {
+            ts_us: T0,
+            gpu: 3,
+            uuid: "GPU-3".into(),
+            kind: EventKind::Xid as i32,
+            code: 79,
+            ..Default::default()
+        };
+        let mut rows = EventRows::default();
+        rows.push("n1", &EventSource::Gpu(&xid));
+        let batch = RecordBatch::try_new(Table::Event.schema(), rows.finish()).unwrap();
+        let narrowed = |field: &Field| match field.name().as_str() {
+            "gpu" | "uuid" => field.clone().with_nullable(false),
+            _ => field.clone(),
+        };
+        let older: Vec<Field> = Table::Event
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| narrowed(f))
+            .collect();
+        let read = decode(
+            Table::Event,
+            "older.parquet",
+            encode(Arc::new(Schema::new(older)), &batch),
+        )
+        .unwrap()
+        .expect("an older event file is read");
+        assert_eq!(read.iter().map(RecordBatch::num_rows).sum::<usize>(), 1);
+        assert_eq!(read[0].schema(), Table::Event.schema());
+
+        // The other way round (a nullable column the table requires) is not.
+        let mut gpu_rows = GpuRows::default();
+        gpu_rows.push("n1", &gpu(0, T0, None, 40));
+        let gpu_batch = RecordBatch::try_new(Table::Gpu.schema(), gpu_rows.finish()).unwrap();
+        let widened: Vec<Field> = Table::Gpu
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone().with_nullable(true))
+            .collect();
+        let bytes = encode(Arc::new(Schema::new(widened)), &gpu_batch);
+        assert!(
+            decode(Table::Gpu, "wider.parquet", bytes)
+                .unwrap()
+                .is_none()
+        );
     }
 }
