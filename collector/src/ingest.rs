@@ -14,6 +14,7 @@ use tonic::{Code, Request, Response, Status, Streaming};
 use tracing::{debug, error, info, warn};
 
 use crate::log_throttle::{LogThrottle, root_cause};
+use crate::silence::StreamEnd;
 use crate::validate::{canonical_node, validate_batch, validate_hello};
 use crate::write::{Accepted, AckSink, Refused, WritePath};
 
@@ -193,6 +194,9 @@ impl Session {
         if self.tx.send(Ok(welcome)).await.is_err() {
             return;
         }
+        self.shared.stream_opened(&hello.node);
+        // Only an agent that ends its stream itself stopped cleanly.
+        let mut end = StreamEnd::Lost;
         loop {
             let next = tokio::select! {
                 next = inbound.message() => next,
@@ -214,13 +218,17 @@ impl Session {
                     .await;
                     break;
                 }
-                Ok(None) => break,
+                Ok(None) => {
+                    end = StreamEnd::Closed;
+                    break;
+                }
                 Err(status) => {
                     self.end_with(status).await;
                     break;
                 }
             }
         }
+        self.shared.stream_closed(&hello.node, end);
         self.shared.disconnect(&hello.agent_id, self.id);
         info!(peer = %self.peer, node = %hello.node, agent_id = %hello.agent_id, "agent disconnected");
     }
@@ -235,7 +243,11 @@ impl Session {
         if shared.is_draining() {
             return Ok(());
         }
-        let valid = match validate_batch(batch, shared.clock().now_us()) {
+        let valid = validate_batch(batch, shared.clock().now_us());
+        // Heard from, whatever becomes of the batch; a valid one also tells
+        // the node's interval.
+        shared.heard(node, valid.as_ref().ok().map(|v| v.get()));
+        let valid = match valid {
             Ok(valid) => valid,
             Err(e) => {
                 self.reject(node, agent_id, batch.seq, e.to_string()).await;

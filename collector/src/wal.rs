@@ -312,6 +312,11 @@ impl Wal {
         self.state.released_through
     }
 
+    /// The log's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// Identifies this collector's files in the store; stable across restarts.
     pub fn collector_id(&self) -> &str {
         &self.state.collector_id
