@@ -292,6 +292,15 @@ pub async fn serve(
         let saved = silence::load(&nodes_file)?;
         let now_us = shared.clock().now_us();
         let watch = silence::NodeWatch::restore(silence_after, saved, now_us);
+        if !watch.nodes().is_empty() {
+            info!(
+                nodes = watch.nodes().len(),
+                silent = watch.silences().len(),
+                file = %nodes_file.display(),
+                grace = ?silence::START_GRACE,
+                "node watch restored: nodes known before get a grace to reconnect"
+            );
+        }
         shared.watch_node_silence(watch, nodes_file);
     }
     if let Some(sink) = options.alert_sink {

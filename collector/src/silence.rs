@@ -243,6 +243,9 @@ pub struct NodeWatch {
     nodes: BTreeMap<String, NodeState>,
     /// Changed since the last save.
     dirty: bool,
+    /// A node was added since the last save: saved at once, so that a
+    /// crash soon after its first batch does not forget it.
+    added: bool,
 }
 
 impl NodeWatch {
@@ -252,6 +255,7 @@ impl NodeWatch {
             silence_after_us: us(silence_after),
             nodes: BTreeMap::new(),
             dirty: false,
+            added: false,
         }
     }
 
@@ -289,10 +293,10 @@ impl NodeWatch {
     /// interval and jobs from. Returns the node's return when it was silent.
     pub fn heard(&mut self, node: &str, taken: Option<&Batch>, now_us: i64) -> Option<NodeChange> {
         self.dirty = true;
-        let state = self
-            .nodes
-            .entry(node.to_owned())
-            .or_insert_with(|| NodeState::new(now_us));
+        let state = self.nodes.entry(node.to_owned()).or_insert_with(|| {
+            self.added = true;
+            NodeState::new(now_us)
+        });
         let back = state.silent_since_us.take().map(|_| NodeChange::Back {
             node: node.to_owned(),
             at_us: now_us,
@@ -310,10 +314,10 @@ impl NodeWatch {
 
     /// A stream of `node`'s agent opened.
     pub fn stream_opened(&mut self, node: &str, now_us: i64) {
-        let state = self
-            .nodes
-            .entry(node.to_owned())
-            .or_insert_with(|| NodeState::new(now_us));
+        let state = self.nodes.entry(node.to_owned()).or_insert_with(|| {
+            self.added = true;
+            NodeState::new(now_us)
+        });
         state.streams += 1;
     }
 
@@ -458,9 +462,15 @@ impl NodeWatch {
         self.dirty
     }
 
+    /// Whether a node was added since the last [`NodeWatch::saved`].
+    pub fn has_new_nodes(&self) -> bool {
+        self.added
+    }
+
     /// The state file's content now; marks the watch saved.
     pub fn saved(&mut self) -> Vec<u8> {
         self.dirty = false;
+        self.added = false;
         let saved = SavedNodes {
             version: 1,
             nodes: self.nodes.clone(),
@@ -669,7 +679,9 @@ mod tests {
     #[test]
     fn nodes_known_before_a_restart_get_a_grace_to_reconnect() {
         let mut before = NodeWatch::new(Duration::from_secs(2));
+        assert!(!before.has_new_nodes());
         steady(&mut before, "up", 1.0, 10, 0.0);
+        assert!(before.has_new_nodes());
         steady(&mut before, "silent", 1.0, 10, 0.0);
         assert_eq!(before.check(T0 + 13 * S).len(), 2);
         for ts in [10_i32, 11] {
@@ -682,7 +694,7 @@ mod tests {
         }
         let file: SavedNodes =
             serde_json::from_slice(&before.saved()).expect("the state file parses");
-        assert!(!before.is_dirty());
+        assert!(!before.is_dirty() && !before.has_new_nodes());
 
         // The collector was down for ten minutes.
         let start = T0 + 600 * S;

@@ -506,7 +506,7 @@ impl WritePath {
                             })
                             .collect::<Vec<_>>()
                     };
-                    let changed = !found.is_empty();
+                    let changed = !found.is_empty() || lock(&silence.watch).has_new_nodes();
                     for (change, event) in found {
                         self.node_changed(silence, change, event);
                     }
