@@ -968,9 +968,11 @@ reasons = ["hw_thermal"]
                 "GpuPowerOverLimit",
                 "GpuXidCritical",
                 "GpuThermalThrottling",
-                "GpuPowerBrake"
+                "GpuPowerBrake",
+                "NodeSilent"
             ]
         );
+        assert_eq!(set.rules[7].condition, Condition::Silence);
         assert_eq!(
             set.rules[4].condition,
             Condition::Xid {
