@@ -293,10 +293,7 @@ impl NodeWatch {
     /// interval and jobs from. Returns the node's return when it was silent.
     pub fn heard(&mut self, node: &str, taken: Option<&Batch>, now_us: i64) -> Option<NodeChange> {
         self.dirty = true;
-        let state = self.nodes.entry(node.to_owned()).or_insert_with(|| {
-            self.added = true;
-            NodeState::new(now_us)
-        });
+        let state = self.node_mut(node, now_us);
         let back = state.silent_since_us.take().map(|_| NodeChange::Back {
             node: node.to_owned(),
             at_us: now_us,
@@ -314,11 +311,19 @@ impl NodeWatch {
 
     /// A stream of `node`'s agent opened.
     pub fn stream_opened(&mut self, node: &str, now_us: i64) {
-        let state = self.nodes.entry(node.to_owned()).or_insert_with(|| {
+        self.node_mut(node, now_us).streams += 1;
+    }
+
+    /// The state of `node`, new (first heard at `now_us`) if it is unknown.
+    fn node_mut(&mut self, node: &str, now_us: i64) -> &mut NodeState {
+        // Looked up first: a batch of a known node allocates nothing.
+        if !self.nodes.contains_key(node) {
             self.added = true;
-            NodeState::new(now_us)
-        });
-        state.streams += 1;
+            self.nodes.insert(node.to_owned(), NodeState::new(now_us));
+        }
+        self.nodes
+            .get_mut(node)
+            .expect("a node is known once inserted")
     }
 
     /// A stream of `node`'s agent ended.

@@ -187,6 +187,8 @@ struct Silence {
     file: PathBuf,
     /// Node events the log did not take (it failed); retried at each check.
     unlogged: Mutex<Vec<NodeEvent>>,
+    /// Whether the last try to log them failed (logged once, not per try).
+    log_failing: AtomicBool,
     /// Woken when a change should be saved at once.
     save_now: Notify,
 }
@@ -424,6 +426,7 @@ impl WritePath {
             watch: Mutex::new(watch),
             file,
             unlogged: Mutex::new(Vec::new()),
+            log_failing: AtomicBool::new(false),
             save_now: Notify::new(),
         };
         if self.silence.set(silence).is_err() {
@@ -568,24 +571,29 @@ impl WritePath {
             return;
         }
         let logged = {
-            let mut state = self.lock();
-            match state.wal.append_node_events(&unlogged) {
-                Ok(()) => {
-                    state.buffer.append_node_events(&unlogged);
-                    Ok(())
-                }
-                Err(e) => Err(e),
-            }
+            let mut guard = self.lock();
+            let state = &mut *guard;
+            state
+                .wal
+                .append_node_events(&unlogged)
+                .map(|()| state.buffer.append_node_events(&unlogged))
         };
         match logged {
             Ok(()) => {
                 unlogged.clear();
                 self.sync_wanted.notify_one();
+                if silence.log_failing.swap(false, Ordering::Relaxed) {
+                    info!("node events are logged again");
+                }
             }
-            Err(e) => error!(
-                error = %e, events = unlogged.len(),
-                "node events not logged yet; retried in {SILENCE_CHECK:?}"
-            ),
+            Err(e) => {
+                if !silence.log_failing.swap(true, Ordering::Relaxed) {
+                    error!(
+                        error = %e, events = unlogged.len(),
+                        "node events not logged yet; kept and retried every {SILENCE_CHECK:?}"
+                    );
+                }
+            }
         }
     }
 
