@@ -280,6 +280,11 @@ pub async fn serve(
     })?;
     let replaying = !replayed.records.is_empty();
     let nodes_file = wal.dir().join(silence::STATE_FILE);
+    let replayed_node_events: Vec<gputel_proto::NodeEvent> = replayed
+        .records
+        .iter()
+        .flat_map(|r| r.node_events.iter().cloned())
+        .collect();
     let shared = Arc::new(WritePath::new(
         options.flush_rows,
         options.max_unwritten_rows,
@@ -291,7 +296,8 @@ pub async fn serve(
     if let Some(silence_after) = options.node_silence {
         let saved = silence::load(&nodes_file)?;
         let now_us = shared.clock().now_us();
-        let watch = silence::NodeWatch::restore(silence_after, saved, now_us);
+        let mut watch = silence::NodeWatch::restore(silence_after, saved, now_us);
+        watch.replay(&replayed_node_events);
         if !watch.nodes().is_empty() {
             info!(
                 nodes = watch.nodes().len(),

@@ -276,6 +276,37 @@ impl NodeWatch {
         watch
     }
 
+    /// Applies the node events the write-ahead log replayed (logged, not
+    /// yet in the store): the state file may have been saved before the
+    /// last of them, if the collector died in between. The log has the
+    /// last word, so a silence is neither forgotten nor announced twice.
+    pub fn replay(&mut self, events: &[NodeEvent]) {
+        for event in events {
+            let silence_us = i64::try_from(event.silent_ms)
+                .unwrap_or(i64::MAX / 1000)
+                .saturating_mul(1000);
+            let last_heard_us = event.ts_us.saturating_sub(silence_us);
+            let state = self.node_mut(&event.node, last_heard_us);
+            match EventKind::try_from(event.kind) {
+                Ok(EventKind::NodeSilent)
+                    if state.silent_since_us.is_none() && state.last_heard_us <= last_heard_us =>
+                {
+                    state.silent_since_us = Some(event.ts_us);
+                }
+                Ok(EventKind::NodeBack) => {
+                    if state
+                        .silent_since_us
+                        .is_some_and(|since| since <= event.ts_us)
+                    {
+                        state.silent_since_us = None;
+                    }
+                    state.last_heard_us = state.last_heard_us.max(event.ts_us);
+                }
+                _ => {}
+            }
+        }
+    }
+
     /// The silence after which `node` is silent, µs: [`INTERVALS`] of its
     /// usual interval ([`UNKNOWN_INTERVAL`] until known), at least
     /// `--node-silence-after`.
@@ -738,6 +769,48 @@ mod tests {
             event.silent_ms,
             (start + 90 * S - (T0 + 11 * S)) as u64 / 1000
         );
+    }
+
+    /// The state file saved before the last node events the log holds:
+    /// replaying them makes the node silent (then back, then silent) as
+    /// the events say, without a new event.
+    #[test]
+    fn node_events_replayed_from_the_log_have_the_last_word() {
+        let mut before = NodeWatch::new(Duration::from_secs(2));
+        steady(&mut before, "n", 1.0, 10, 0.0);
+        let saved: SavedNodes = serde_json::from_slice(&before.saved()).unwrap();
+        // Logged after that save: silent at 12 s, back at 20 s, silent at 30 s.
+        let changes = before.check(T0 + 12 * S);
+        let silent = before.event(&changes[0]).unwrap();
+        let back = before
+            .heard("n", Some(&tick(20.0, &[])), T0 + 20 * S)
+            .unwrap();
+        let back = before.event(&back).unwrap();
+        let again = before.check(T0 + 30 * S);
+        let again = before.event(&again[0]).unwrap();
+
+        let start = T0 + 40 * S;
+        let mut after = NodeWatch::restore(Duration::from_secs(2), saved.nodes.clone(), start);
+        after.replay(&[silent.clone(), back.clone()]);
+        assert!(after.silences().is_empty());
+        assert_eq!(after.nodes()["n"].last_heard_us, T0 + 20 * S);
+        let mut after = NodeWatch::restore(Duration::from_secs(2), saved.nodes, start);
+        after.replay(&[silent, back, again]);
+        let silences = after.silences();
+        assert_eq!(silences.len(), 1);
+        assert_eq!(silences[0].at_us, T0 + 30 * S);
+        assert!(after.check(start + 100 * S).is_empty());
+        // A node the state file never held is known from its event.
+        let mut fresh = NodeWatch::new(Duration::from_secs(2));
+        fresh.replay(&[NodeEvent {
+            ts_us: T0 + 5 * S,
+            node: "m".into(),
+            kind: EventKind::NodeSilent as i32,
+            silent_ms: 3000,
+            detail: String::new(),
+            job_id: None,
+        }]);
+        assert_eq!(fresh.silences()[0].last_heard_us, T0 + 2 * S);
     }
 
     #[test]
