@@ -38,15 +38,18 @@ pub(super) fn decode(
     let builder = ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(err)?;
     let expected = table.schema();
     let found = builder.schema();
-    // A column that became nullable since a file was written (the event
-    // table's `gpu` and `uuid`, null on node events) reads from that file,
-    // which simply holds no nulls.
-    let same = found.fields().len() == expected.fields().len()
+    // A file written before the table's schema grew is read into it: a
+    // column that became nullable (the event table's `gpu` and `uuid`, null
+    // on node events) simply holds no nulls there, and nullable columns
+    // added at the end since (the alert table's `reason`) are null.
+    let written = found.fields().len();
+    let same = written <= expected.fields().len()
         && found.fields().iter().zip(expected.fields()).all(|(a, b)| {
             a.name() == b.name()
                 && a.data_type() == b.data_type()
                 && (a.is_nullable() == b.is_nullable() || b.is_nullable())
-        });
+        })
+        && expected.fields()[written..].iter().all(|f| f.is_nullable());
     if !same {
         return Ok(None);
     }
@@ -57,7 +60,13 @@ pub(super) fn decode(
     // The table's own schema (with its field metadata) for concatenation.
     batches
         .into_iter()
-        .map(|b| RecordBatch::try_new(expected.clone(), b.columns().to_vec()))
+        .map(|b| {
+            let mut columns = b.columns().to_vec();
+            for added in &expected.fields()[written..] {
+                columns.push(arrow_array::new_null_array(added.data_type(), b.num_rows()));
+            }
+            RecordBatch::try_new(expected.clone(), columns)
+        })
         .collect::<Result<Vec<_>, _>>()
         .map(Some)
         .map_err(|e| err(ParquetError::ArrowError(e.to_string())))
@@ -331,11 +340,12 @@ mod tests {
         assert_eq!(codes, [13, 31]);
     }
 
-    /// An event file written before node events, whose `gpu` and `uuid`
-    /// were not nullable, is read into the table's schema for compaction;
-    /// a file whose column type differs is not.
+    /// Files written before the schema grew are read into it for
+    /// compaction: an event file from before node events (`gpu` and `uuid`
+    /// not nullable), an alert file from before `reason` (null there); a
+    /// file with a nullable column the table requires is not.
     #[test]
-    fn older_event_files_with_non_null_columns_are_read() {
+    fn files_written_before_the_schema_grew_are_read() {
         use arrow_schema::{Field, Schema};
         use parquet::arrow::ArrowWriter;
 
@@ -377,6 +387,34 @@ mod tests {
         .expect("an older event file is read");
         assert_eq!(read.iter().map(RecordBatch::num_rows).sum::<usize>(), 1);
         assert_eq!(read[0].schema(), Table::Event.schema());
+
+        // An alert file from before the `reason` column: read, reason null.
+        let alert = gputel_proto::AlertRow {
+            ts_us: T0,
+            node: "n1".into(),
+            gpu: Some(1),
+            rule: "GpuHot".into(),
+            severity: "critical".into(),
+            status: "resolved".into(),
+            metric: "temperature_c".into(),
+            starts_at_us: T0 - S,
+            ..Default::default()
+        };
+        let mut alert_rows = gputel_schemas::AlertRows::default();
+        alert_rows.push("n1", &alert);
+        let alert_batch = RecordBatch::try_new(Table::Alert.schema(), alert_rows.finish()).unwrap();
+        let schema = Table::Alert.schema();
+        let before_reason = Arc::new(Schema::new(
+            schema.fields()[..schema.fields().len() - 1].to_vec(),
+        ));
+        let columns = alert_batch.columns()[..schema.fields().len() - 1].to_vec();
+        let older = RecordBatch::try_new(before_reason.clone(), columns).unwrap();
+        let read = decode(Table::Alert, "alert.parquet", encode(before_reason, &older))
+            .unwrap()
+            .expect("an alert file from before `reason` is read");
+        assert_eq!(read[0].schema(), Table::Alert.schema());
+        let reason = read[0].column_by_name("reason").unwrap();
+        assert_eq!((reason.len(), reason.null_count()), (1, 1));
 
         // The other way round (a nullable column the table requires) is not.
         let mut gpu_rows = GpuRows::default();
