@@ -165,6 +165,7 @@ async fn main() {
             max_message_bytes: gputel_proto::DEFAULT_MAX_MESSAGE_BYTES,
             tls: None,
             alert_sink: Some(prepared.sink()),
+            node_silence: None,
         },
         wal,
         replayed,

@@ -5,9 +5,11 @@ use std::collections::BTreeMap;
 
 use arrow_array::{ArrayRef, RecordBatch};
 use arrow_schema::ArrowError;
-use gputel_proto::{AlertRow, GpuEvent, GpuProcess, GpuSample, IbPortSample, NodeSample};
+use gputel_proto::{
+    AlertRow, GpuEvent, GpuProcess, GpuSample, IbPortSample, NodeEvent, NodeSample,
+};
 use gputel_schemas::{
-    AlertRows, EventRows, GpuProcessRows, GpuRows, IbRows, JobRows, JobSpan, NodeRows,
+    AlertRows, EventRows, EventSource, GpuProcessRows, GpuRows, IbRows, JobRows, JobSpan, NodeRows,
     PartitionKey, Table,
 };
 
@@ -109,6 +111,22 @@ impl WriteBuffer {
         }
     }
 
+    /// Appends node events the collector raised (the node is in each).
+    pub fn append_node_events(&mut self, events: &[NodeEvent]) {
+        for event in events {
+            // The collector's clock, within the calendar; a row outside it
+            // would have no partition, so it is dropped rather than panic.
+            let Ok(key) = PartitionKey::from_ts_us(event.ts_us) else {
+                continue;
+            };
+            self.event
+                .entry(key)
+                .or_default()
+                .push(&event.node, &EventSource::Node(event));
+            self.rows += 1;
+        }
+    }
+
     /// Rows held, all tables together.
     pub fn rows(&self) -> usize {
         self.rows
@@ -199,7 +217,16 @@ rows_of!(
     GpuRows => GpuSample,
     NodeRows => NodeSample,
     IbRows => IbPortSample,
-    EventRows => GpuEvent,
     GpuProcessRows => GpuProcess,
     AlertRows => AlertRow,
 );
+
+/// An agent's events are GPU events.
+impl Rows<GpuEvent> for EventRows {
+    fn push(&mut self, node: &str, event: &GpuEvent) {
+        EventRows::push(self, node, &EventSource::Gpu(event));
+    }
+    fn finish(&mut self) -> Vec<ArrayRef> {
+        EventRows::finish(self)
+    }
+}

@@ -332,6 +332,16 @@ pub struct Settings {
     /// Largest message accepted from an agent, in bytes [default: 16777216].
     #[arg(long, value_name = "BYTES")]
     pub max_message_bytes: Option<usize>,
+    /// A node is silent once nothing has arrived from it for three of its
+    /// usual intervals (learnt from its samples' times), and at least this
+    /// long. The collector then writes a node_silent event (node_back when
+    /// it is heard from again), fires the alert rules of metric "up" and
+    /// resolves the node's other alerts. An agent stopped on purpose leaves
+    /// its node silent too. After a restart, nodes known before get 90 s to
+    /// reconnect [default: 30s].
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[serde(default, with = "humantime_serde")]
+    pub node_silence_after: Option<Duration>,
     /// PEM certificate the collector presents to agents (with --tls-key and
     /// --tls-client-ca: mutual TLS).
     #[arg(long, value_name = "FILE")]
@@ -453,6 +463,7 @@ impl Settings {
             max_unwritten_rows: self.max_unwritten_rows.or(other.max_unwritten_rows),
             max_agent_rows_per_s: self.max_agent_rows_per_s.or(other.max_agent_rows_per_s),
             max_message_bytes: self.max_message_bytes.or(other.max_message_bytes),
+            node_silence_after: self.node_silence_after.or(other.node_silence_after),
             log: self.log.or(other.log),
             // A flag overrides the file: --plaintext sets the file's TLS aside.
             tls_cert: self.tls_cert.or(other.tls_cert.filter(|_| !self.plaintext)),
@@ -485,6 +496,8 @@ pub struct Config {
     pub memory: MemoryPlan,
     pub max_agent_rows_per_s: u64,
     pub max_message_bytes: usize,
+    /// The least silence after which a node is silent (see [`crate::silence`]).
+    pub node_silence_after: Duration,
     pub log: String,
     /// Mutual TLS, or None when plaintext was asked for.
     pub tls: Option<TlsFiles>,
@@ -573,6 +586,9 @@ impl Config {
             max_message_bytes: s
                 .max_message_bytes
                 .unwrap_or(gputel_proto::DEFAULT_MAX_MESSAGE_BYTES),
+            node_silence_after: s
+                .node_silence_after
+                .unwrap_or(crate::silence::DEFAULT_SILENCE_AFTER),
             log: s.log.unwrap_or_else(|| "info".to_owned()),
             tls: match (s.tls_cert, s.tls_key, s.tls_client_ca, s.plaintext) {
                 (Some(cert), Some(key), Some(client_ca), false) => Some(TlsFiles {
@@ -682,6 +698,31 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert_eq!(err, "memory-budget must be at least 64MiB, not 9.5 MiB");
+        assert_eq!(config.node_silence_after, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn node_silence_after_comes_from_the_file_or_the_flag() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("collector.toml");
+        std::fs::write(&path, "plaintext = true\nnode-silence-after = \"2m\"\n").unwrap();
+        let file = path.to_str().unwrap();
+        let from_file =
+            Config::load(Cli::parse_from(["gputel-collector", "--config", file])).unwrap();
+        assert_eq!(from_file.node_silence_after, Duration::from_secs(120));
+        let flag = Config::load(Cli::parse_from([
+            "gputel-collector",
+            "--config",
+            file,
+            "--node-silence-after",
+            "1500ms",
+        ]))
+        .unwrap();
+        assert_eq!(flag.node_silence_after, Duration::from_millis(1500));
+        let err = Cli::try_parse_from(["gputel-collector", "--node-silence-after", "soon"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--node-silence-after"), "{err}");
     }
 
     #[test]

@@ -16,6 +16,7 @@ use tonic::{Code, Request, Response, Status, Streaming};
 use tracing::{debug, error, info, warn};
 
 use crate::log_throttle::{LogThrottle, root_cause};
+use crate::silence::StreamEnd;
 use crate::validate::{canonical_node, validate_batch, validate_hello};
 use crate::write::{Accepted, AckSink, Refused, WritePath};
 
@@ -187,7 +188,9 @@ enum Received {
     Message(AgentMessage, OwnedSemaphorePermit),
     /// A message larger, decoded, than one message may be.
     TooLarge(Census),
-    /// The agent ended the stream, or the collector is closing.
+    /// The agent ended its stream.
+    Closed,
+    /// The collector is closing.
     End,
     Failed(Status),
 }
@@ -206,7 +209,7 @@ impl Session {
                 },
                 _memory,
             )) => hello,
-            Ok(Received::End) => return,
+            Ok(Received::End | Received::Closed) => return,
             Ok(Received::Failed(status)) => return self.end_with(status).await,
             Ok(Received::TooLarge(census)) => {
                 let reason = self.too_large(&census);
@@ -263,6 +266,9 @@ impl Session {
         if self.tx.send(Ok(welcome)).await.is_err() {
             return;
         }
+        self.shared.stream_opened(&hello.node);
+        // Only an agent that ends its stream itself stopped cleanly.
+        let mut end = StreamEnd::Lost;
         loop {
             match self.receive(&mut inbound, &mut closing).await {
                 Received::Message(
@@ -284,6 +290,7 @@ impl Session {
                     break;
                 }
                 Received::TooLarge(census) => {
+                    self.shared.heard(&hello.node, None);
                     let reason = self.too_large(&census);
                     match census.kind {
                         Kind::Batch { seq } => {
@@ -295,6 +302,10 @@ impl Session {
                         }
                     }
                 }
+                Received::Closed => {
+                    end = StreamEnd::Closed;
+                    break;
+                }
                 Received::End => break,
                 Received::Failed(status) => {
                     self.end_with(status).await;
@@ -302,6 +313,7 @@ impl Session {
                 }
             }
         }
+        self.shared.stream_closed(&hello.node, end);
         self.shared.disconnect(&hello.agent_id, self.id);
         info!(peer = %self.peer, node = %hello.node, agent_id = %hello.agent_id, "agent disconnected");
     }
@@ -316,7 +328,7 @@ impl Session {
         let raw = tokio::select! {
             next = inbound.message() => match next {
                 Ok(Some(RawAgentMessage(raw))) => raw,
-                Ok(None) => return Received::End,
+                Ok(None) => return Received::Closed,
                 Err(status) => return Received::Failed(status),
             },
             _ = closing.wait_for(|closing| *closing) => return Received::End,
@@ -378,7 +390,11 @@ impl Session {
         if shared.is_draining() {
             return Ok(());
         }
-        let valid = match validate_batch(batch, shared.clock().now_us()) {
+        let valid = validate_batch(batch, shared.clock().now_us());
+        // Heard from, whatever becomes of the batch; a valid one also tells
+        // the node's interval.
+        shared.heard(node, valid.as_ref().ok().map(|v| v.get()));
+        let valid = match valid {
             Ok(valid) => valid,
             Err(e) => {
                 self.reject(node, agent_id, batch.seq, e.to_string()).await;

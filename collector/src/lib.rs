@@ -8,7 +8,8 @@
 //! scheduler's job trace to the same store (`gputel-collector import-jobs`).
 //! [`systemd`] tells the service manager when the collector is ready and
 //! pets its watchdog while the loops make progress.
-//! [`alert`] evaluates alert rules on the accepted batches.
+//! [`alert`] evaluates alert rules on the accepted batches; [`silence`]
+//! notices nodes that stop sending.
 
 pub mod alert;
 pub mod buffer;
@@ -22,6 +23,8 @@ pub mod log_throttle;
 pub mod marker;
 pub mod memory;
 pub mod persist;
+pub mod silence;
+pub mod state_file;
 pub mod store;
 pub mod systemd;
 pub mod tls;
@@ -69,6 +72,8 @@ pub enum RunError {
     Serve(#[from] tonic::transport::Error),
     #[error(transparent)]
     Alert(#[from] alert::AlertError),
+    #[error(transparent)]
+    NodeState(#[from] silence::StateError),
 }
 
 /// Runs the collector until `shutdown` completes, then writes everything
@@ -115,6 +120,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         max_message_bytes: config.max_message_bytes,
         tls,
         alert_sink: alerts.as_ref().map(alert::PreparedAlerting::sink),
+        node_silence: Some(config.node_silence_after),
     };
     let (mut wal, replayed) = wal::Wal::open(&config.wal_dir)?;
     let (free, total) = wal::volume_space(&config.wal_dir)?;
@@ -252,8 +258,12 @@ pub struct ServeOptions {
     /// Mutual TLS ([`tls::server_config`]); every agent must then show a
     /// certificate naming its node.
     pub tls: Option<Arc<rustls::ServerConfig>>,
-    /// Where accepted batches go for the alert rules (see [`alert`]).
-    pub alert_sink: Option<tokio::sync::mpsc::Sender<write::AlertInput>>,
+    /// Where accepted batches and node changes go for the alert rules (see
+    /// [`alert`]).
+    pub alert_sink: Option<write::AlertSink>,
+    /// Watch the nodes for silence, with this least silence
+    /// (`--node-silence-after`); None: nodes are not watched.
+    pub node_silence: Option<Duration>,
 }
 
 /// Starts the log syncer, the flush loop and the gRPC server on `listener`.
@@ -271,6 +281,12 @@ pub async fn serve(
         source,
     })?;
     let replaying = !replayed.records.is_empty();
+    let nodes_file = wal.dir().join(silence::STATE_FILE);
+    let replayed_node_events: Vec<gputel_proto::NodeEvent> = replayed
+        .records
+        .iter()
+        .flat_map(|r| r.node_events.iter().cloned())
+        .collect();
     let shared = Arc::new(WritePath::new(
         options.flush_rows,
         &options.memory,
@@ -279,6 +295,22 @@ pub async fn serve(
         wal,
         replayed,
     ));
+    if let Some(silence_after) = options.node_silence {
+        let saved = silence::load(&nodes_file)?;
+        let now_us = shared.clock().now_us();
+        let mut watch = silence::NodeWatch::restore(silence_after, saved, now_us);
+        watch.replay(&replayed_node_events);
+        if !watch.nodes().is_empty() {
+            info!(
+                nodes = watch.nodes().len(),
+                silent = watch.silences().len(),
+                file = %nodes_file.display(),
+                grace = ?silence::START_GRACE,
+                "node watch restored: nodes known before get a grace to reconnect"
+            );
+        }
+        shared.watch_node_silence(watch, nodes_file);
+    }
     if let Some(sink) = options.alert_sink {
         shared.set_alert_sink(sink);
     }
@@ -292,6 +324,7 @@ pub async fn serve(
         }
     }
     let syncing = tokio::spawn(Arc::clone(&shared).run_syncer(close_streams_rx.clone()));
+    let watching = tokio::spawn(Arc::clone(&shared).run_node_watch(stop_flush_rx.clone()));
     let flushing = tokio::spawn(flusher.run(options.flush_interval, stop_flush_rx));
 
     let require_identity = options.tls.is_some();
@@ -328,6 +361,7 @@ pub async fn serve(
         close_streams,
         server_stop,
         flushing: Some(flushing),
+        watching: Some(watching),
         syncing,
         server,
     })
@@ -344,6 +378,8 @@ pub struct Serving {
     close_streams: watch::Sender<bool>,
     server_stop: watch::Sender<bool>,
     flushing: Option<JoinHandle<()>>,
+    /// The node watch (see [`silence`]); saves its state when stopped.
+    watching: Option<JoinHandle<()>>,
     syncing: JoinHandle<()>,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
 }
@@ -372,6 +408,11 @@ impl Serving {
             && let Err(e) = flushing.await
         {
             warn!(error = %e, "flush task failed");
+        }
+        if let Some(watching) = self.watching.take()
+            && let Err(e) = watching.await
+        {
+            warn!(error = %e, "node watch failed");
         }
     }
 

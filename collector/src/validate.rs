@@ -13,7 +13,8 @@ use std::hash::Hash;
 use gputel_proto::{Batch, GpuSample, Hello, IbPortSample, NodeSample};
 pub use gputel_schemas::column::{MAX_DETAIL_BYTES, MAX_FUTURE_US, MAX_VALUE_BYTES, MIN_TS_US};
 use gputel_schemas::{
-    ColumnError, EventRows, GpuProcessRows, GpuRows, IbRows, NodeRows, RowContext, Table,
+    ColumnError, EventRows, EventSource, GpuProcessRows, GpuRows, IbRows, NodeRows, RowContext,
+    Table,
 };
 
 /// Most rows one batch may carry (all tables together).
@@ -110,7 +111,9 @@ pub fn validate_batch(batch: &Batch, now_us: i64) -> Result<ValidBatch<'_>, Vali
     check_rows(Table::Gpu, &batch.gpu, now_us, GpuRows::check)?;
     check_rows(Table::Node, &batch.node, now_us, NodeRows::check)?;
     check_rows(Table::Ib, &batch.ib, now_us, IbRows::check)?;
-    check_rows(Table::Event, &batch.event, now_us, EventRows::check)?;
+    check_rows(Table::Event, &batch.event, now_us, |row, node, e| {
+        EventRows::check(row, node, &EventSource::Gpu(e))
+    })?;
     check_rows(
         Table::GpuProcess,
         &batch.gpu_process,

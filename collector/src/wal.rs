@@ -30,7 +30,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use gputel_proto::{AlertRow, Batch, WalRecord, WalState};
+use gputel_proto::{AlertRow, Batch, NodeEvent, WalRecord, WalState};
 use gputel_runtime::framing;
 use prost::Message;
 use prost::encoding::{WireType, encode_key, encode_varint};
@@ -312,6 +312,11 @@ impl Wal {
         self.state.released_through
     }
 
+    /// The log's directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// Identifies this collector's files in the store; stable across restarts.
     pub fn collector_id(&self) -> &str {
         &self.state.collector_id
@@ -388,6 +393,16 @@ impl Wal {
     pub fn append_alerts(&mut self, alerts: &[AlertRow]) -> Result<(), WalError> {
         let record = WalRecord {
             alerts: alerts.to_vec(),
+            ..WalRecord::default()
+        };
+        self.append_payload(&record.encode_to_vec())
+    }
+
+    /// Appends node events the collector raised itself as one record;
+    /// durable after the next sync, replayed into the `event` table.
+    pub fn append_node_events(&mut self, events: &[NodeEvent]) -> Result<(), WalError> {
+        let record = WalRecord {
+            node_events: events.to_vec(),
             ..WalRecord::default()
         };
         self.append_payload(&record.encode_to_vec())
@@ -706,16 +721,21 @@ pub fn scan_segment(bytes: &[u8], out: &mut Vec<WalRecord>) -> SegmentScan {
 /// The first offset from `from` on where an intact record starts, if any.
 ///
 /// Every record the collector writes is a `WalRecord` whose first byte is the
-/// key of field 1 (`agent_id`, a batch's record) or of field 4 (`alerts`),
+/// key of field 1 (`agent_id`, a batch's record), of field 4 (`alerts`) or
+/// of field 5 (`node_events`),
 /// so only offsets whose payload starts with one of those are hashed: the
 /// search stays linear in practice however long the segment.
 fn next_intact(bytes: &[u8], from: usize) -> Option<usize> {
     const AGENT_ID_KEY: u8 = 0x0a;
     const ALERTS_KEY: u8 = 0x22;
+    const NODE_EVENTS_KEY: u8 = 0x2a;
     (from..bytes.len()).find(|&at| {
         let rest = &bytes[at..];
         let first = rest.get(framing::HEADER_BYTES);
-        if !matches!(first, Some(&AGENT_ID_KEY) | Some(&ALERTS_KEY)) {
+        if !matches!(
+            first,
+            Some(&AGENT_ID_KEY) | Some(&ALERTS_KEY) | Some(&NODE_EVENTS_KEY)
+        ) {
             return false;
         }
         let Some(len) = rest
@@ -1102,6 +1122,52 @@ mod tests {
         .unwrap();
         assert_eq!(kept, &bytes[offsets[50] as usize..offsets[51] as usize]);
         assert_eq!(wal.durable()["a"], 100);
+    }
+
+    /// The collector's own records (node events, alert rows) are replayed
+    /// like batches, and found again after damage just before them.
+    #[test]
+    fn node_events_and_alert_rows_are_replayed_past_damage() {
+        use gputel_proto::EventKind;
+        let dir = tempfile::tempdir().unwrap();
+        let (mut wal, _) = Wal::open(dir.path()).unwrap();
+        let path = segment_path(dir.path(), wal.segment());
+        append(&mut wal, &record("a", 1)).unwrap();
+        let damaged_at = fs::metadata(&path).unwrap().len() as usize;
+        append(&mut wal, &record("a", 2)).unwrap();
+        let silent = NodeEvent {
+            ts_us: 1_795_240_830_000_000,
+            node: "n1".into(),
+            kind: EventKind::NodeSilent as i32,
+            silent_ms: 30_000,
+            detail: "nothing for 30 s".into(),
+            job_id: None,
+        };
+        wal.append_node_events(std::slice::from_ref(&silent))
+            .unwrap();
+        let alert = AlertRow {
+            ts_us: silent.ts_us,
+            node: "n1".into(),
+            rule: "NodeSilent".into(),
+            status: "firing".into(),
+            reason: None,
+            ..AlertRow::default()
+        };
+        wal.append_alerts(std::slice::from_ref(&alert)).unwrap();
+        wal.sync().unwrap();
+        drop(wal);
+        let mut bytes = fs::read(&path).unwrap();
+        bytes[damaged_at + framing::HEADER_BYTES + 3] ^= 0x5a;
+        fs::write(&path, &bytes).unwrap();
+
+        let (_, replayed) = Wal::open(dir.path()).unwrap();
+        assert_eq!(replayed.damaged.len(), 1);
+        let records = &replayed.records;
+        assert_eq!(records.len(), 3, "{records:?}");
+        assert_eq!(seqs(&records[..1]), [("a".into(), 1)]);
+        assert_eq!(records[1].node_events, [silent]);
+        assert!(records[1].batch.is_none() && records[1].alerts.is_empty());
+        assert_eq!(records[2].alerts, [alert]);
     }
 
     /// A log whose state file is gone or empty is refused: a new identity

@@ -1,22 +1,25 @@
 //! The write path: everything between a validated batch and the persister.
 //! Drops sequences already received, appends the rest to the write-ahead log
 //! and the write buffer, acknowledges them once the log is synced to disk,
-//! logs the collector's own alert rows the same way, and hands accepted
-//! batches to the alert rules. The gRPC sessions (`ingest`) call it; the
-//! flush loop takes what it holds.
+//! logs the collector's own alert rows and node events the same way, hands
+//! accepted batches to the alert rules, and tells the node watch (see
+//! [`crate::silence`]) which nodes it hears from. The gRPC sessions
+//! (`ingest`) call it; the flush loop takes what it holds.
 
 use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use gputel_proto::{Batch, EventKind, GpuEvent, GpuSample};
+use gputel_proto::{Batch, EventKind, GpuEvent, GpuSample, NodeEvent};
 use tokio::sync::{Notify, mpsc, watch};
-use tracing::{debug, error, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::buffer::WriteBuffer;
 use crate::clock::Clock;
 use crate::memory::MemoryPlan;
+use crate::silence::{NodeChange, NodeWatch, StreamEnd, seconds};
 use crate::systemd::Heartbeat;
 use crate::validate::{ValidBatch, canonical_node, validate_batch};
 use crate::wal::{Replayed, Wal, WalError, batch_fingerprint};
@@ -84,6 +87,16 @@ impl PartialEq for QueuedRows {
     fn eq(&self, _: &Self) -> bool {
         true
     }
+}
+
+/// Where the alert task takes its input: accepted batches (a bounded queue:
+/// when it is full, batches skip the rules, never delaying an ack) and node
+/// changes (a few per node and silence, never dropped). A node's return is
+/// queued before the batch that brought it back.
+#[derive(Debug, Clone)]
+pub struct AlertSink {
+    pub batches: mpsc::Sender<AlertInput>,
+    pub nodes: mpsc::UnboundedSender<NodeChange>,
 }
 
 /// What became of a batch handed to [`WritePath::accept`].
@@ -187,8 +200,11 @@ pub struct WritePath {
     clock: Clock,
     /// Numbers sessions, so that a stale one never detaches a newer one.
     next_session: AtomicU64,
-    /// Where accepted batches go for alert rules, when alerting is on.
-    alert_sink: OnceLock<mpsc::Sender<AlertInput>>,
+    /// Where accepted batches and node changes go for the alert rules, when
+    /// alerting is on.
+    alert_sink: OnceLock<AlertSink>,
+    /// Node silence, when on.
+    silence: OnceLock<Silence>,
     /// GPU rows queued for the alert rules, and the most that may be.
     alert_queue_rows: Arc<AtomicUsize>,
     max_alert_queue_rows: usize,
@@ -197,6 +213,26 @@ pub struct WritePath {
     /// Beats each time the flush loop takes the buffer; the watchdog reads it.
     pub taken: Heartbeat,
 }
+
+/// The node watch and what it needs to run.
+#[derive(Debug)]
+struct Silence {
+    watch: Mutex<NodeWatch>,
+    /// Where the watch is saved (`nodes.json` beside the log).
+    file: PathBuf,
+    /// Node events the log did not take (it failed); retried at each check.
+    unlogged: Mutex<Vec<NodeEvent>>,
+    /// Whether the last try to log them failed (logged once, not per try).
+    log_failing: AtomicBool,
+    /// Woken when a change should be saved at once.
+    save_now: Notify,
+}
+
+/// How often the node watch looks for nodes past their threshold.
+const SILENCE_CHECK: Duration = Duration::from_millis(500);
+/// How often the node watch is saved when only arrivals changed (a change
+/// of silence is saved at once).
+const SILENCE_SAVE: Duration = Duration::from_secs(30);
 
 /// Running totals since start.
 #[derive(Debug, Default)]
@@ -366,6 +402,7 @@ impl WritePath {
         let now_us = clock.now_us();
         for record in &replayed.records {
             buffer.append_alerts(&record.alerts);
+            buffer.append_node_events(&record.node_events);
             let Some(batch) = &record.batch else {
                 continue;
             };
@@ -402,16 +439,212 @@ impl WritePath {
             alert_sink: OnceLock::new(),
             alert_queue_rows: Arc::new(AtomicUsize::new(0)),
             max_alert_queue_rows: memory.alert_queue_rows,
+            silence: OnceLock::new(),
             stats,
             taken: Heartbeat::new(),
         }
     }
 
     /// From now on, every accepted batch (never a duplicate) is also handed
-    /// to `sink` for the alert rules. Set once.
-    pub fn set_alert_sink(&self, sink: mpsc::Sender<AlertInput>) {
+    /// to `sink` for the alert rules, and every node change; the nodes
+    /// silent now are told at once. Set once.
+    pub fn set_alert_sink(&self, sink: AlertSink) {
         if self.alert_sink.set(sink).is_err() {
             warn!("alert rules were already connected; the second connection is ignored");
+            return;
+        }
+        self.announce_silences();
+    }
+
+    /// Watches the nodes for silence with `watch`, saved to `file`. Set once;
+    /// [`WritePath::run_node_watch`] does the watching.
+    pub fn watch_node_silence(&self, watch: NodeWatch, file: PathBuf) {
+        let silence = Silence {
+            watch: Mutex::new(watch),
+            file,
+            unlogged: Mutex::new(Vec::new()),
+            log_failing: AtomicBool::new(false),
+            save_now: Notify::new(),
+        };
+        if self.silence.set(silence).is_err() {
+            warn!("node silence was already watched; the second watch is ignored");
+            return;
+        }
+        self.announce_silences();
+    }
+
+    /// Tells the alert task which nodes are silent already (silences from
+    /// before a restart), once both are there.
+    fn announce_silences(&self) {
+        let (Some(sink), Some(silence)) = (self.alert_sink.get(), self.silence.get()) else {
+            return;
+        };
+        let silences = lock(&silence.watch).silences();
+        for s in silences {
+            let _ = sink.nodes.send(NodeChange::Silent(s));
+        }
+    }
+
+    /// A batch of `node` arrived (`taken`: it passed validation). A silent
+    /// node is back: its `node_back` event is logged and the alert task
+    /// told, before the batch reaches the rules.
+    pub fn heard(&self, node: &str, taken: Option<&Batch>) {
+        let Some(silence) = self.silence.get() else {
+            return;
+        };
+        let now_us = self.clock.now_us();
+        let (change, event) = {
+            let mut watch = lock(&silence.watch);
+            let Some(change) = watch.heard(node, taken, now_us) else {
+                return;
+            };
+            let event = watch.event(&change);
+            (change, event)
+        };
+        self.node_changed(silence, change, event);
+        silence.save_now.notify_one();
+    }
+
+    /// A stream of `node`'s agent opened.
+    pub fn stream_opened(&self, node: &str) {
+        if let Some(silence) = self.silence.get() {
+            lock(&silence.watch).stream_opened(node, self.clock.now_us());
+        }
+    }
+
+    /// A stream of `node`'s agent ended.
+    pub fn stream_closed(&self, node: &str, end: StreamEnd) {
+        if let Some(silence) = self.silence.get() {
+            lock(&silence.watch).stream_closed(node, end);
+        }
+    }
+
+    /// Looks for silent nodes every [`SILENCE_CHECK`] and saves the watch,
+    /// until `stop` turns true; returns at once when silence is not watched.
+    pub async fn run_node_watch(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        let Some(silence) = self.silence.get() else {
+            return;
+        };
+        let mut check = tokio::time::interval(SILENCE_CHECK);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut save = tokio::time::interval(SILENCE_SAVE);
+        save.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        save.tick().await;
+        loop {
+            tokio::select! {
+                () = stopped(&mut stop) => break,
+                _ = check.tick() => {
+                    let now_us = self.clock.now_us();
+                    let found = {
+                        let mut watch = lock(&silence.watch);
+                        let changes = watch.check(now_us);
+                        changes
+                            .into_iter()
+                            .map(|c| {
+                                let event = watch.event(&c);
+                                (c, event)
+                            })
+                            .collect::<Vec<_>>()
+                    };
+                    let changed = !found.is_empty() || lock(&silence.watch).has_new_nodes();
+                    for (change, event) in found {
+                        self.node_changed(silence, change, event);
+                    }
+                    self.log_node_events(silence, Vec::new());
+                    if changed {
+                        self.save_node_watch(silence).await;
+                    }
+                }
+                _ = silence.save_now.notified() => self.save_node_watch(silence).await,
+                _ = save.tick() => {
+                    if lock(&silence.watch).is_dirty() {
+                        self.save_node_watch(silence).await;
+                    }
+                }
+            }
+        }
+        self.save_node_watch(silence).await;
+    }
+
+    /// Logs a node change, its event and tells the alert task.
+    fn node_changed(&self, silence: &Silence, change: NodeChange, event: Option<NodeEvent>) {
+        match &change {
+            NodeChange::Silent(s) if !s.restored => warn!(
+                node = %s.node,
+                silent_for = %seconds(s.at_us - s.last_heard_us),
+                threshold = %seconds(s.threshold_us),
+                "node silent: nothing received from it for longer than its threshold"
+            ),
+            NodeChange::Silent(_) => {}
+            NodeChange::Back {
+                node,
+                at_us,
+                last_heard_us,
+                ..
+            } => info!(
+                node = %node,
+                silent_for = %seconds(at_us - last_heard_us),
+                "node back: heard from again"
+            ),
+            NodeChange::Forgotten { node, .. } => info!(
+                node = %node,
+                "node forgotten after a week of silence"
+            ),
+        }
+        if let Some(event) = event {
+            self.log_node_events(silence, vec![event]);
+        }
+        if let Some(sink) = self.alert_sink.get() {
+            let _ = sink.nodes.send(change);
+        }
+    }
+
+    /// Logs node events (and any the log refused before) and buffers them
+    /// for the `event` table; what the log refuses is kept and retried.
+    fn log_node_events(&self, silence: &Silence, events: Vec<NodeEvent>) {
+        let mut unlogged = lock(&silence.unlogged);
+        unlogged.extend(events);
+        if unlogged.is_empty() {
+            return;
+        }
+        let logged = {
+            let mut guard = self.lock();
+            let state = &mut *guard;
+            state
+                .wal
+                .append_node_events(&unlogged)
+                .map(|()| state.buffer.append_node_events(&unlogged))
+        };
+        match logged {
+            Ok(()) => {
+                unlogged.clear();
+                self.sync_wanted.notify_one();
+                if silence.log_failing.swap(false, Ordering::Relaxed) {
+                    info!("node events are logged again");
+                }
+            }
+            Err(e) => {
+                if !silence.log_failing.swap(true, Ordering::Relaxed) {
+                    error!(
+                        error = %e, events = unlogged.len(),
+                        "node events not logged yet; kept and retried every {SILENCE_CHECK:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    async fn save_node_watch(&self, silence: &Silence) {
+        let bytes = lock(&silence.watch).saved();
+        let path = silence.file.clone();
+        let result = tokio::task::spawn_blocking(move || crate::state_file::replace(&path, &bytes))
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+        if let Err(e) = result {
+            error!(
+                error = %e, file = %silence.file.display(),
+                "cannot save the node watch; a restart now would forget which nodes are silent"
+            );
         }
     }
 
@@ -447,7 +680,7 @@ impl WritePath {
             rows,
         };
         // Over the bound, the input is dropped here and its rows given back.
-        if queued + rows > self.max_alert_queue_rows || sink.try_send(input).is_err() {
+        if queued + rows > self.max_alert_queue_rows || sink.batches.try_send(input).is_err() {
             let dropped = self
                 .stats
                 .alert_inputs_dropped
@@ -463,8 +696,7 @@ impl WritePath {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic while holding the lock leaves plain data behind, still usable.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.state)
     }
 
     /// Takes the buffered rows. Closes the current log segment first (which
@@ -727,6 +959,16 @@ impl WritePath {
     pub fn start_draining(&self) {
         self.draining.store(true, Ordering::SeqCst);
     }
+}
+
+/// Completes once `stop` turns true (without holding its lock after).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// A panic while holding a lock leaves plain data behind, still usable.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The collector's exit status when the log cannot be synced (EX_IOERR).

@@ -129,6 +129,7 @@ impl Collector {
             max_agent_rows_per_s,
             tls: None,
             alert_sink: None,
+            node_silence: None,
         };
         let (wal, replayed) =
             gputel_collector::wal::Wal::open(&dir.path().join("wal")).expect("open log");

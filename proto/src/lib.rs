@@ -16,8 +16,8 @@ pub mod wire;
 
 pub use v1::{
     AgentMessage, AlertRow, Batch, CollectorMessage, EventKind, GpuEvent, GpuProcess, GpuSample,
-    Hello, IbPortSample, NodeSample, ProfilingSource, WalRecord, WalState, agent_message,
-    collector_message,
+    Hello, IbPortSample, NodeEvent, NodeSample, ProfilingSource, WalRecord, WalState,
+    agent_message, collector_message,
 };
 
 /// The bits of `GpuSample.clock_event_reasons` (NVML's
@@ -61,7 +61,7 @@ pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 
 impl EventKind {
     /// The kind as it is stored and shown: "xid", "gpu_lost", "thermal_throttle",
-    /// "power_throttle".
+    /// "power_throttle", "node_silent", "node_back".
     pub fn name(self) -> &'static str {
         match self {
             EventKind::Unspecified => "unspecified",
@@ -69,7 +69,15 @@ impl EventKind {
             EventKind::GpuLost => "gpu_lost",
             EventKind::ThermalThrottle => "thermal_throttle",
             EventKind::PowerThrottle => "power_throttle",
+            EventKind::NodeSilent => "node_silent",
+            EventKind::NodeBack => "node_back",
         }
+    }
+
+    /// Whether the kind is of a node as a whole (the collector's own node
+    /// events), not of one GPU.
+    pub fn is_node_wide(self) -> bool {
+        matches!(self, EventKind::NodeSilent | EventKind::NodeBack)
     }
 }
 

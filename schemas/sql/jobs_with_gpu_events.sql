@@ -8,17 +8,19 @@
 -- event_attributed: the event's own job_id, else the job of the GPU's last
 -- gpu row before it, which is what attributes a GPU that fell off the bus).
 -- Events on an idle GPU, or on one shared by several jobs, have no job and
--- are not listed.
+-- are not listed. A node that fell silent under a job (node_silent, and
+-- node_back when it returned) is listed with a null gpu: the whole node.
 --
 -- One row per job, GPU and kind of event (kind and code):
 --   job_id, job_type, state, user   the job, with the imported trace's type,
 --                                   final state and user (null when no trace
 --                                   lists it; view scheduler_job_latest)
---   node, gpu                       where
+--   node, gpu                       where (gpu null for node events)
 --   kind, code                      the XID for kind 'xid'; the clock event
 --                                   reasons bitmask for throttling (32 SW
 --                                   thermal, 64 HW thermal, 4 SW power cap,
---                                   128 HW power brake …)
+--                                   128 HW power brake …); milliseconds of
+--                                   silence for node_silent and node_back
 --   events                          how many such events
 --   first_ts, last_ts               the first and the last of them
 --

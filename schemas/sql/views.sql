@@ -56,6 +56,9 @@ CREATE OR REPLACE VIEW gpu AS FROM gputel_scan('gpu');
 
 CREATE OR REPLACE VIEW node AS FROM gputel_scan('node');
 
+-- Every event: a GPU's (xid, gpu_lost, thermal_throttle, power_throttle),
+-- or a whole node's (node_silent, node_back: raised by the collector, with a
+-- null gpu and uuid; README, "Node silence").
 CREATE OR REPLACE VIEW event AS FROM query(CASE WHEN getvariable('gputel_has_event')
     THEN 'FROM gputel_scan(''event'')'
     ELSE 'SELECT NULL::TIMESTAMPTZ AS ts, NULL::VARCHAR AS node, NULL::INTEGER AS gpu,
@@ -73,7 +76,7 @@ CREATE OR REPLACE VIEW alert AS FROM query(CASE WHEN getvariable('gputel_has_ale
                  NULL::VARCHAR AS uuid, NULL::VARCHAR AS model, NULL::VARCHAR AS job_id,
                  NULL::VARCHAR AS rule, NULL::VARCHAR AS severity, NULL::VARCHAR AS status,
                  NULL::VARCHAR AS metric, NULL::DOUBLE AS value, NULL::DOUBLE AS threshold,
-                 NULL::TIMESTAMPTZ AS starts_at,
+                 NULL::TIMESTAMPTZ AS starts_at, NULL::VARCHAR AS reason,
                  NULL::DATE AS date, NULL::INTEGER AS hour
           LIMIT 0'
     END);

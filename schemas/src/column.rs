@@ -418,29 +418,47 @@ number_kind!(
     store: |v| v
 );
 
+/// Whose an `event` row is: one GPU's (an agent's event), or a whole
+/// node's (the collector's own node events, with no GPU).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventScope {
+    Gpu,
+    Node,
+}
+
 /// An event's kind: a protocol enum on the wire, its name in the table.
-/// Only the kinds the protocol defines (not "unspecified") are accepted.
+/// Only the kinds the protocol defines (not "unspecified") are accepted,
+/// each in its own scope: an agent's GPU event cannot carry a node kind
+/// (`node_silent`, `node_back` are the collector's to raise).
 #[derive(Debug)]
 pub enum EventKindName {}
 
 impl ColumnKind for EventKindName {
-    type Value<'a> = i32;
+    type Value<'a> = (i32, EventScope);
     type Builder = Dictionary;
     fn field(name: &'static str) -> Field {
         dictionary_field(name, false)
     }
-    fn check(row: RowContext, name: &'static str, v: i32) -> Result<(), ColumnError> {
-        match EventKind::try_from(v) {
-            Ok(
-                EventKind::Xid
-                | EventKind::GpuLost
-                | EventKind::ThermalThrottle
-                | EventKind::PowerThrottle,
-            ) => Ok(()),
-            _ => Err(row.fail(name, "not a known event kind")),
+    fn check(
+        row: RowContext,
+        name: &'static str,
+        (v, scope): (i32, EventScope),
+    ) -> Result<(), ColumnError> {
+        match (EventKind::try_from(v), scope) {
+            (Ok(EventKind::Unspecified) | Err(_), _) => {
+                Err(row.fail(name, "not a known event kind"))
+            }
+            (Ok(kind), EventScope::Gpu) if kind.is_node_wide() => Err(row.fail(
+                name,
+                "a node event kind, which only the collector raises; an agent sends GPU events",
+            )),
+            (Ok(kind), EventScope::Node) if !kind.is_node_wide() => {
+                Err(row.fail(name, "a GPU event kind on a node event"))
+            }
+            (Ok(_), _) => Ok(()),
         }
     }
-    fn put(builder: &mut Dictionary, v: i32) {
+    fn put(builder: &mut Dictionary, (v, _): (i32, EventScope)) {
         builder.append_value(EventKind::try_from(v).map_or("unspecified", EventKind::name));
     }
     fn finish(builder: &mut Dictionary) -> ArrayRef {

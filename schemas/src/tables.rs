@@ -4,12 +4,14 @@ use std::sync::{Arc, LazyLock};
 use arrow_array::ArrayRef;
 use arrow_schema::{Field, Schema, SchemaRef};
 use gputel_proto::clock_event_reasons as reason;
-use gputel_proto::{AlertRow, GpuEvent, GpuProcess, GpuSample, IbPortSample, NodeSample};
+use gputel_proto::{
+    AlertRow, GpuEvent, GpuProcess, GpuSample, IbPortSample, NodeEvent, NodeSample,
+};
 
 use crate::column::{
-    ColumnError, ColumnKind, EventKindName, I64, Label, LabelList, OptBool, OptF64, OptLabel,
-    OptNonNegF32, OptNonNegF64, OptProfilingSourceName, OptU32, OptU32Wide, OptU64, OtherTimestamp,
-    RowContext, Text, Timestamp, U32, U64, flag,
+    ColumnError, ColumnKind, EventKindName, EventScope, I64, Label, LabelList, OptBool, OptF64,
+    OptLabel, OptNonNegF32, OptNonNegF64, OptProfilingSourceName, OptU32, OptU32Wide, OptU64,
+    OtherTimestamp, RowContext, Text, Timestamp, U32, U64, flag,
 };
 
 /// Column names shared by several tables.
@@ -46,7 +48,8 @@ pub enum Table {
     Node,
     /// One row per InfiniBand port per tick.
     Ib,
-    /// One row per GPU event: XID, GPU lost, start of throttling.
+    /// One row per event: a GPU's (XID, GPU lost, start of throttling) or a
+    /// node's (silent, back).
     Event,
     /// One row per compute process per GPU per process refresh.
     GpuProcess,
@@ -337,19 +340,88 @@ table!(
     }
 );
 
+/// The source of an `event` row: an agent's GPU event, or a node event the
+/// collector raised itself, which has no GPU (`gpu`, `uuid` and the MIG
+/// instance are null).
+#[derive(Debug, Clone, Copy)]
+pub enum EventSource<'a> {
+    Gpu(&'a GpuEvent),
+    Node(&'a NodeEvent),
+}
+
+impl<'a> EventSource<'a> {
+    pub fn ts_us(self) -> i64 {
+        match self {
+            EventSource::Gpu(e) => e.ts_us,
+            EventSource::Node(e) => e.ts_us,
+        }
+    }
+
+    fn gpu(self) -> Option<u32> {
+        match self {
+            EventSource::Gpu(e) => Some(e.gpu),
+            EventSource::Node(_) => None,
+        }
+    }
+
+    fn uuid(self) -> Option<&'a str> {
+        match self {
+            EventSource::Gpu(e) => Some(&e.uuid),
+            EventSource::Node(_) => None,
+        }
+    }
+
+    fn kind(self) -> (i32, EventScope) {
+        match self {
+            EventSource::Gpu(e) => (e.kind, EventScope::Gpu),
+            EventSource::Node(e) => (e.kind, EventScope::Node),
+        }
+    }
+
+    /// The XID, the reason bits, or a node's silence in milliseconds.
+    fn code(self) -> u64 {
+        match self {
+            EventSource::Gpu(e) => e.code,
+            EventSource::Node(e) => e.silent_ms,
+        }
+    }
+
+    fn detail(self) -> &'a str {
+        match self {
+            EventSource::Gpu(e) => &e.detail,
+            EventSource::Node(e) => &e.detail,
+        }
+    }
+
+    fn job_id(self) -> Option<&'a str> {
+        match self {
+            EventSource::Gpu(e) => e.job_id.as_deref(),
+            EventSource::Node(e) => e.job_id.as_deref(),
+        }
+    }
+
+    fn instance_ids(self) -> (Option<u32>, Option<u32>) {
+        match self {
+            EventSource::Gpu(e) => (e.gpu_instance_id, e.compute_instance_id),
+            EventSource::Node(_) => (None, None),
+        }
+    }
+}
+
 table!(
-    /// `event`: one row per GPU event.
-    EventRows for GpuEvent, |node, s| {
-        ts: Timestamp = s.ts_us,
+    /// `event`: one row per GPU event or node event.
+    EventRows for EventSource<'_>, |node, s| {
+        ts: Timestamp = s.ts_us(),
         node: Label = node,
-        gpu: U32 = s.gpu,
-        uuid: Label = s.uuid.as_str(),
-        kind: EventKindName = s.kind,
-        code: U64 = s.code,
-        detail: Text = s.detail.as_str(),
-        job_id: OptLabel = s.job_id.as_deref(),
-        gpu_instance_id: OptU32 = s.gpu_instance_id,
-        compute_instance_id: OptU32 = s.compute_instance_id,
+        // Null for node events.
+        gpu: OptU32 = s.gpu(),
+        uuid: OptLabel = s.uuid(),
+        kind: EventKindName = s.kind(),
+        code: U64 = s.code(),
+        detail: Text = s.detail(),
+        job_id: OptLabel = s.job_id(),
+        gpu_instance_id: OptU32 = s.instance_ids().0,
+        compute_instance_id: OptU32 = s.instance_ids().1,
     }
 );
 
@@ -402,7 +474,7 @@ table!(
         // (firing) or the clear condition (resolved).
         ts: Timestamp = s.ts_us,
         node: Label = node,
-        // Null for node-wide rules (node power).
+        // Null for node-wide rules (node power, node silence).
         gpu: OptU32 = s.gpu,
         uuid: OptLabel = s.uuid.as_deref(),
         model: OptLabel = s.model.as_deref(),
@@ -414,6 +486,8 @@ table!(
         value: OptF64 = s.value,
         threshold: OptF64 = s.threshold,
         starts_at: OtherTimestamp = s.starts_at_us,
+        // Why it resolved, when not by its own clear condition.
+        reason: OptLabel = s.reason.as_deref(),
     }
 );
 
@@ -460,6 +534,7 @@ fn golden_file(name: &str) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gputel_proto::EventKind;
 
     /// Compares every table's schema, `scheduler_job`'s included, with its
     /// golden file. To accept an intended change, run with
@@ -595,17 +670,17 @@ mod tests {
             kind: 0,
             ..Default::default()
         };
+        let event_row = RowContext {
+            table: "event",
+            ..row
+        };
+        let event_fails = |source: EventSource<'_>| {
+            EventRows::check(event_row, "n1", &source)
+                .expect_err("refused")
+                .to_string()
+        };
         assert_eq!(
-            EventRows::check(
-                RowContext {
-                    table: "event",
-                    ..row
-                },
-                "n1",
-                &event
-            )
-            .expect_err("unspecified kind")
-            .to_string(),
+            event_fails(EventSource::Gpu(&event)),
             "event row 7: kind is not a known event kind"
         );
         for (source, want) in [(None, Ok(())), (Some(1), Ok(())), (Some(2), Ok(()))] {
@@ -624,6 +699,81 @@ mod tests {
                 "gpu row 7: profiling_source is not a known profiling source"
             );
         }
+        // Node kinds are the collector's: an agent's GPU event cannot carry
+        // one, and a node event carries nothing else.
+        let agent_says_silent = GpuEvent {
+            kind: EventKind::NodeSilent as i32,
+            ..event.clone()
+        };
+        assert_eq!(
+            event_fails(EventSource::Gpu(&agent_says_silent)),
+            "event row 7: kind is a node event kind, which only the collector raises; \
+             an agent sends GPU events"
+        );
+        let node_event = NodeEvent {
+            ts_us: now_us,
+            node: "n1".into(),
+            kind: EventKind::NodeBack as i32,
+            ..Default::default()
+        };
+        assert_eq!(
+            EventRows::check(event_row, "n1", &EventSource::Node(&node_event)),
+            Ok(())
+        );
+        let node_xid = NodeEvent {
+            kind: EventKind::Xid as i32,
+            ..node_event
+        };
+        assert_eq!(
+            event_fails(EventSource::Node(&node_xid)),
+            "event row 7: kind is a GPU event kind on a node event"
+        );
+    }
+
+    /// A node event's row has no GPU: `gpu`, `uuid` and the instance ids
+    /// are null, and its silence is the code.
+    #[test]
+    fn node_events_are_rows_without_a_gpu() {
+        use arrow_array::cast::AsArray;
+        use arrow_array::types::{Int32Type, Int64Type};
+        use arrow_array::{Array, RecordBatch};
+
+        let xid = GpuEvent {
+            ts_us: 1_795_240_800_000_000,
+            gpu: 2,
+            uuid: "GPU-2".into(),
+            kind: EventKind::Xid as i32,
+            code: 79,
+            ..Default::default()
+        };
+        let silent = NodeEvent {
+            ts_us: 1_795_240_830_000_000,
+            node: "gpu-node-017".into(),
+            kind: EventKind::NodeSilent as i32,
+            silent_ms: 30_000,
+            detail: "nothing for 30 s".into(),
+            job_id: Some("4242".into()),
+        };
+        let mut rows = EventRows::default();
+        rows.push("gpu-node-017", &EventSource::Gpu(&xid));
+        rows.push("gpu-node-017", &EventSource::Node(&silent));
+        let batch = RecordBatch::try_new(Table::Event.schema(), rows.finish())
+            .expect("builders match the schema");
+        let column = |name: &str| batch.column_by_name(name).expect(name).clone();
+        let gpu = column("gpu");
+        assert_eq!(gpu.as_primitive::<Int32Type>().value(0), 2);
+        assert!(gpu.is_null(1));
+        assert!(column("uuid").is_null(1) && !column("uuid").is_null(0));
+        assert!(column("gpu_instance_id").is_null(1));
+        assert_eq!(
+            column("code").as_primitive::<Int64Type>().values(),
+            &[79, 30_000]
+        );
+        let kind = column("kind");
+        let kind = kind.as_dictionary::<Int32Type>();
+        let names = kind.values().as_string::<i32>();
+        let name = |row: usize| names.value(kind.keys().value(row) as usize);
+        assert_eq!((name(0), name(1)), ("xid", "node_silent"));
     }
 
     /// Every float column of the tables agents write is a share, load, rate

@@ -78,6 +78,7 @@ async fn run_agent_against_collector(store_dir: &Path, extra: &[&str]) -> gputel
         max_agent_rows_per_s: u64::MAX / 16,
         tls: None,
         alert_sink: None,
+        node_silence: Some(gputel_collector::silence::DEFAULT_SILENCE_AFTER),
     };
     let serving = gputel_collector::serve(listener, store, Clock::System, options, wal, replayed)
         .await

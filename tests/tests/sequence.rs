@@ -98,6 +98,7 @@ async fn a_resent_number_with_other_content_is_rejected_and_the_agent_logs_why()
         max_agent_rows_per_s: u64::MAX / 16,
         tls: None,
         alert_sink: None,
+        node_silence: None,
     };
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let serving = gputel_collector::serve(listener, store, Clock::System, options, wal, replayed)

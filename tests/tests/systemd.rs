@@ -273,7 +273,7 @@ fn the_example_collector_config_is_valid_and_bad_keys_are_named() {
         collector
             .log
             .iter()
-            .any(|l| l.contains("loaded 7 alert rules")),
+            .any(|l| l.contains("loaded 8 alert rules")),
         "{:#?}",
         collector.log
     );

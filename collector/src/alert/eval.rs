@@ -8,6 +8,13 @@
 //! one falls back to inactive: `for` means the condition held throughout):
 //! that is the hysteresis that keeps a GPU hovering at the threshold from
 //! flapping.
+//!
+//! A node that falls silent (see `crate::silence`) is not a sample: the
+//! node watch tells the evaluator, which resolves the node's alerts (their
+//! data stopped, as Prometheus' staleness resolves the alerts of a target
+//! that is down), drops its pending ones and fires the `up` rules for it;
+//! when the node is heard from again, those resolve and its samples are
+//! evaluated afresh.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -16,7 +23,19 @@ use gputel_proto::GpuSample;
 use serde::{Deserialize, Serialize};
 
 use super::rules::{Condition, Metric, Rule, RuleSet, xid_matches};
+use crate::silence::Silence;
 use crate::write::AlertInput;
+
+/// Why an alert resolved other than by its own clear condition (the
+/// `alert` table's `reason`, and an annotation in Alertmanager).
+pub mod reason {
+    /// Its node fell silent: its data stopped.
+    pub const NODE_SILENT: &str = "node_silent";
+    /// Its rule left the rules file.
+    pub const RULE_REMOVED: &str = "rule_removed";
+    /// Its node was silent for a week and is no longer watched.
+    pub const NODE_FORGOTTEN: &str = "node_forgotten";
+}
 
 /// What one sample says about a rule's condition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,6 +202,10 @@ pub struct Tracked {
     /// Sample time of the last matching XID event.
     #[serde(default)]
     pub last_event_us: Option<i64>,
+    /// The threshold it fired at, where it is the alert's own (an `up`
+    /// alert's silence threshold, s); otherwise the rule's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threshold: Option<f64>,
 }
 
 /// A firing or resolution (or a pending change, which is not notified).
@@ -198,6 +221,19 @@ pub struct Transition {
     pub job_id: Option<String>,
     pub value: Option<f64>,
     pub threshold: Option<f64>,
+    /// Why it resolved, when not by its own clear condition (see [`reason`]).
+    pub reason: Option<&'static str>,
+}
+
+/// A node silent now, with what its `up` alerts say.
+#[derive(Debug, Clone, PartialEq)]
+struct SilentNode {
+    /// When it fell silent.
+    since_us: i64,
+    /// The silence that made it silent, s.
+    threshold_s: f64,
+    /// The jobs on its GPUs at its last tick, comma-separated.
+    jobs: Option<String>,
 }
 
 /// Every alert's state under one set of rules.
@@ -208,6 +244,8 @@ pub struct Evaluator {
     states: BTreeMap<AlertKey, Tracked>,
     /// The latest model and job of each GPU, for XID alerts.
     gpus: HashMap<(String, u32), (String, Option<String>)>,
+    /// Nodes silent now.
+    silent: BTreeMap<String, SilentNode>,
 }
 
 fn us(d: std::time::Duration) -> i64 {
@@ -220,7 +258,7 @@ impl Evaluator {
         let mut evaluator = Evaluator {
             rules: Vec::new(),
             states,
-            gpus: HashMap::new(),
+            ..Evaluator::default()
         };
         evaluator.set_rules(rules);
         evaluator
@@ -232,7 +270,7 @@ impl Evaluator {
         Evaluator {
             rules: Vec::new(),
             states,
-            gpus: HashMap::new(),
+            ..Evaluator::default()
         }
     }
 
@@ -264,9 +302,177 @@ impl Evaluator {
         &self.states
     }
 
+    /// The rule named `name`.
+    pub fn rule(&self, name: &str) -> Option<Arc<Rule>> {
+        self.rules.iter().find(|r| r.name == name).cloned()
+    }
+
+    /// `s.node` fell silent at `s.at_us`: its firing alerts resolve (reason
+    /// [`reason::NODE_SILENT`]), its pending ones are dropped, and every
+    /// `up` rule fires for it. Told again for a silence from before a
+    /// restart, it changes only what is not so already.
+    pub fn node_silent(&mut self, s: &Silence) -> Vec<Transition> {
+        self.silent.insert(
+            s.node.clone(),
+            SilentNode {
+                since_us: s.at_us,
+                threshold_s: s.threshold_us as f64 / 1e6,
+                jobs: (!s.jobs.is_empty()).then(|| s.jobs.join(",")),
+            },
+        );
+        let keys: Vec<AlertKey> = self
+            .states
+            .keys()
+            .filter(|k| k.node == s.node)
+            .cloned()
+            .collect();
+        let mut out = Vec::new();
+        for key in keys {
+            let rule = self.rule(&key.rule);
+            if rule.as_ref().is_some_and(|r| r.metric == Metric::Up) {
+                continue;
+            }
+            let (Some(rule), Some(tracked)) = (rule, self.states.remove(&key)) else {
+                continue;
+            };
+            if let Phase::Firing { starts_at_us, .. } = tracked.tracker.phase {
+                let ends_at_us = s.at_us.max(tracked.tracker.last_ts_us).max(starts_at_us);
+                out.push(Transition {
+                    key,
+                    change: Change::Resolved {
+                        starts_at_us,
+                        ends_at_us,
+                    },
+                    ts_us: ends_at_us,
+                    threshold: tracked.threshold.or(rule.threshold()),
+                    rule,
+                    uuid: tracked.uuid,
+                    model: tracked.model,
+                    job_id: tracked.job_id,
+                    value: tracked.value,
+                    reason: Some(reason::NODE_SILENT),
+                });
+            }
+        }
+        out.extend(self.fire_silent());
+        out
+    }
+
+    /// Fires every `up` rule for every silent node it does not fire for
+    /// yet (a node that just fell silent, a rule just added).
+    pub fn fire_silent(&mut self) -> Vec<Transition> {
+        let mut out = Vec::new();
+        for rule in self.rules.iter().filter(|r| r.metric == Metric::Up) {
+            for (node, silent) in &self.silent {
+                let key = AlertKey {
+                    rule: rule.name.clone(),
+                    node: node.clone(),
+                    gpu: None,
+                };
+                if self.states.contains_key(&key) {
+                    continue;
+                }
+                let tracked = Tracked {
+                    tracker: Tracker {
+                        phase: Phase::Firing {
+                            starts_at_us: silent.since_us,
+                            clearing_since_us: None,
+                        },
+                        last_ts_us: silent.since_us,
+                    },
+                    uuid: None,
+                    model: None,
+                    job_id: silent.jobs.clone(),
+                    value: Some(0.0),
+                    last_event_us: None,
+                    threshold: Some(silent.threshold_s),
+                };
+                self.states.insert(key.clone(), tracked);
+                out.push(Transition {
+                    key,
+                    change: Change::Firing {
+                        starts_at_us: silent.since_us,
+                    },
+                    ts_us: silent.since_us,
+                    rule: Arc::clone(rule),
+                    uuid: None,
+                    model: None,
+                    job_id: silent.jobs.clone(),
+                    value: Some(0.0),
+                    threshold: Some(silent.threshold_s),
+                    reason: None,
+                });
+            }
+        }
+        out
+    }
+
+    /// `node` was heard from again at `at_us`: its `up` alerts resolve
+    /// (value 1), and its samples count again.
+    pub fn node_back(&mut self, node: &str, at_us: i64) -> Vec<Transition> {
+        self.silent.remove(node);
+        self.resolve_up(node, at_us, 1.0, None)
+    }
+
+    /// `node` was silent for a week and is no longer watched: its `up`
+    /// alerts resolve (reason [`reason::NODE_FORGOTTEN`]).
+    pub fn node_forgotten(&mut self, node: &str, at_us: i64) -> Vec<Transition> {
+        self.silent.remove(node);
+        self.resolve_up(node, at_us, 0.0, Some(reason::NODE_FORGOTTEN))
+    }
+
+    fn resolve_up(
+        &mut self,
+        node: &str,
+        at_us: i64,
+        value: f64,
+        why: Option<&'static str>,
+    ) -> Vec<Transition> {
+        let keys: Vec<AlertKey> = self
+            .states
+            .keys()
+            .filter(|k| k.node == node)
+            .cloned()
+            .collect();
+        let mut out = Vec::new();
+        for key in keys {
+            let Some(rule) = self.rule(&key.rule).filter(|r| r.metric == Metric::Up) else {
+                continue;
+            };
+            let Some(tracked) = self.states.remove(&key) else {
+                continue;
+            };
+            let Phase::Firing { starts_at_us, .. } = tracked.tracker.phase else {
+                continue;
+            };
+            let ends_at_us = at_us.max(starts_at_us);
+            out.push(Transition {
+                key,
+                change: Change::Resolved {
+                    starts_at_us,
+                    ends_at_us,
+                },
+                ts_us: ends_at_us,
+                rule,
+                uuid: None,
+                model: None,
+                job_id: tracked.job_id,
+                value: Some(value),
+                threshold: tracked.threshold,
+                reason: why,
+            });
+        }
+        out
+    }
+
     /// Feeds one batch's readings; returns what changed, in sample order per alert.
     pub fn observe(&mut self, input: &AlertInput) -> Vec<Transition> {
         let mut out = Vec::new();
+        // Queued before its node fell silent: its samples are older than
+        // the silence, whose resolutions stand.
+        if self.silent.contains_key(&input.node) {
+            return out;
+        }
         // Rules are about physical GPUs: a MIG device's row has no
         // temperature or power of its own (its GPU's row has them).
         let mut gpus: Vec<&GpuSample> = input
@@ -335,6 +541,8 @@ impl Evaluator {
                         self.step(rule, &input.node, &point, Some(level), false, &mut out);
                     }
                 }
+                // Judged by the node watch, not by samples.
+                Condition::Silence => {}
                 Condition::Throttle { mask } => {
                     for g in &gpus {
                         let level = g.clock_event_reasons.map(|r| {
@@ -426,6 +634,7 @@ impl Evaluator {
             job_id: None,
             value: None,
             last_event_us: None,
+            threshold: None,
         });
         if event {
             tracked.last_event_us = Some(point.ts_us);
@@ -465,6 +674,7 @@ impl Evaluator {
                 job_id: snapshot.job_id,
                 value: snapshot.value,
                 threshold: point.threshold,
+                reason: None,
             });
         }
     }
@@ -921,6 +1131,150 @@ mod tests {
         assert_eq!(e.states().len(), 1);
         let gone = e.set_rules(&RuleSet::default());
         assert_eq!(gone.len(), 1);
+        assert!(e.states().is_empty());
+    }
+
+    const SILENT: &str =
+        "[[rule]]\nname = \"NodeSilent\"\nmetric = \"up\"\nseverity = \"critical\"\n";
+
+    fn silence(node: &str, at_s: i64, jobs: &[&str]) -> Silence {
+        Silence {
+            node: node.into(),
+            at_us: T0 + at_s * S,
+            last_heard_us: T0 + (at_s - 3) * S,
+            threshold_us: 3 * S,
+            jobs: jobs.iter().map(|j| (*j).to_owned()).collect(),
+            restored: false,
+        }
+    }
+
+    /// (rule, gpu, change) of transitions, for comparing.
+    fn summary(ts: &[Transition]) -> Vec<(String, Option<u32>, Change, Option<&'static str>)> {
+        ts.iter()
+            .map(|t| (t.key.rule.clone(), t.key.gpu, t.change, t.reason))
+            .collect()
+    }
+
+    #[test]
+    fn a_silent_node_resolves_its_alerts_fires_up_and_resolves_it_when_back() {
+        let mut e = Evaluator::new(&rules(&format!("{HOT}{SILENT}")), BTreeMap::new());
+        // GPU 0 hot from 0 s (fires at 2 s), GPU 1 hot from 2 s (pending).
+        for t in 0..3 {
+            let mut gpus = vec![reading(t, 0, 95, 300, 700)];
+            if t == 2 {
+                gpus.push(reading(t, 1, 95, 300, 700));
+            }
+            e.observe(&input(gpus));
+        }
+        // Another node's alert is none of this silence's business.
+        let mut other = input(vec![reading(0, 0, 95, 300, 700)]);
+        other.node = "n2".into();
+        e.observe(&other);
+        other.gpus = vec![reading(2, 0, 95, 300, 700)];
+        e.observe(&other);
+        assert_eq!(e.states().len(), 3);
+
+        let fell = e.node_silent(&silence("n1", 10, &["job0", "job1"]));
+        assert_eq!(
+            summary(&fell),
+            [
+                (
+                    "Hot".to_owned(),
+                    Some(0),
+                    Change::Resolved {
+                        starts_at_us: T0 + 2 * S,
+                        ends_at_us: T0 + 10 * S
+                    },
+                    Some(reason::NODE_SILENT)
+                ),
+                (
+                    "NodeSilent".to_owned(),
+                    None,
+                    Change::Firing {
+                        starts_at_us: T0 + 10 * S
+                    },
+                    None
+                ),
+            ]
+        );
+        assert_eq!((fell[0].value, fell[0].threshold), (Some(95.0), Some(85.0)));
+        let up = &fell[1];
+        assert_eq!((up.value, up.threshold), (Some(0.0), Some(3.0)));
+        assert_eq!(up.job_id.as_deref(), Some("job0,job1"));
+        // GPU 1's pending alert is gone; n2's stays; NodeSilent is tracked.
+        let keys: Vec<(&str, &str, Option<u32>)> = e
+            .states()
+            .keys()
+            .map(|k| (k.rule.as_str(), k.node.as_str(), k.gpu))
+            .collect();
+        assert_eq!(keys, [("Hot", "n2", Some(0)), ("NodeSilent", "n1", None)]);
+        // Told again (after a restart), nothing changes twice.
+        assert!(
+            e.node_silent(&Silence {
+                restored: true,
+                ..silence("n1", 10, &["job0", "job1"])
+            })
+            .is_empty()
+        );
+        // A batch queued before the silence is not evaluated after it.
+        assert!(
+            e.observe(&input(vec![reading(3, 1, 95, 300, 700)]))
+                .is_empty()
+        );
+
+        let back = e.node_back("n1", T0 + 20 * S);
+        assert_eq!(
+            summary(&back),
+            [(
+                "NodeSilent".to_owned(),
+                None,
+                Change::Resolved {
+                    starts_at_us: T0 + 10 * S,
+                    ends_at_us: T0 + 20 * S
+                },
+                None
+            )]
+        );
+        assert_eq!((back[0].value, back[0].threshold), (Some(1.0), Some(3.0)));
+        // Its samples count again, from scratch: `for` starts over.
+        assert_eq!(
+            e.observe(&input(vec![reading(21, 0, 95, 300, 700)]))[0].change,
+            Change::Pending
+        );
+    }
+
+    #[test]
+    fn an_up_rule_added_while_a_node_is_silent_fires_for_it() {
+        let mut e = Evaluator::new(&rules(HOT), BTreeMap::new());
+        // Without an up rule, a silence only resolves.
+        e.observe(&input(vec![reading(0, 0, 95, 300, 700)]));
+        assert!(e.node_silent(&silence("n1", 5, &[])).is_empty());
+        e.set_rules(&rules(&format!("{HOT}{SILENT}")));
+        let fired = e.fire_silent();
+        assert_eq!(fired.len(), 1);
+        assert_eq!(
+            fired[0].change,
+            Change::Firing {
+                starts_at_us: T0 + 5 * S
+            }
+        );
+        assert_eq!(fired[0].job_id, None);
+        assert!(e.fire_silent().is_empty());
+        // A week later the node is forgotten: its alert resolves, still 0.
+        let gone = e.node_forgotten("n1", T0 + 100 * S);
+        assert_eq!(
+            summary(&gone),
+            [(
+                "NodeSilent".to_owned(),
+                None,
+                Change::Resolved {
+                    starts_at_us: T0 + 5 * S,
+                    ends_at_us: T0 + 100 * S
+                },
+                Some(reason::NODE_FORGOTTEN)
+            )]
+        );
+        assert_eq!(gone[0].value, Some(0.0));
         assert!(e.states().is_empty());
     }
 }

@@ -4,11 +4,12 @@
 //!
 //! Ingest hands every accepted batch (after deduplication, so a resent batch
 //! never fires twice) to one alert task over a bounded queue, without
-//! waiting. The task evaluates the rules, logs each firing and resolution
-//! as a row of the `alert` table (through the write-ahead log and the
-//! normal flush), tells the notifier, and keeps the pending and firing
-//! alerts in a state file beside the log, so a restart neither forgets a
-//! firing alert nor notifies it anew.
+//! waiting, and the node watch (`crate::silence`) hands it every node that
+//! falls silent or comes back. The task evaluates the rules, logs each
+//! firing and resolution as a row of the `alert` table (through the
+//! write-ahead log and the normal flush), tells the notifier, and keeps the
+//! pending and firing alerts in a state file beside the log, so a restart
+//! neither forgets a firing alert nor notifies it anew.
 
 pub mod eval;
 pub mod notify;
@@ -25,9 +26,9 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tracing::{error, info, warn};
 
-use crate::write::AlertInput;
-use crate::write::WritePath;
-use eval::{AlertKey, Change, Evaluator, Phase, Tracked, Transition};
+use crate::silence::NodeChange;
+use crate::write::{AlertInput, AlertSink, WritePath};
+use eval::{AlertKey, Change, Evaluator, Phase, Tracked, Transition, reason};
 use notify::{AmAlert, Notifier, NotifyError, rfc3339_us};
 use rules::{Condition, Rule, RuleSet, RulesError};
 
@@ -84,12 +85,18 @@ pub struct PreparedAlerting {
     notifier: Notifier,
     tx: mpsc::Sender<AlertInput>,
     rx: mpsc::Receiver<AlertInput>,
+    node_tx: mpsc::UnboundedSender<NodeChange>,
+    node_rx: mpsc::UnboundedReceiver<NodeChange>,
 }
 
 impl PreparedAlerting {
-    /// Where ingest hands accepted batches (see `ServeOptions::alert_sink`).
-    pub fn sink(&self) -> mpsc::Sender<AlertInput> {
-        self.tx.clone()
+    /// Where ingest hands accepted batches and the node watch its changes
+    /// (see `ServeOptions::alert_sink`).
+    pub fn sink(&self) -> AlertSink {
+        AlertSink {
+            batches: self.tx.clone(),
+            nodes: self.node_tx.clone(),
+        }
     }
 
     /// Starts evaluating what the sink receives; rows go to `shared`.
@@ -105,7 +112,7 @@ impl PreparedAlerting {
             dirty: false,
         };
         task.restore(self.saved, &self.rules);
-        let task = tokio::spawn(task.run(self.rx, rules_rx, stop_rx));
+        let task = tokio::spawn(task.run(self.rx, self.node_rx, rules_rx, stop_rx));
         Alerting {
             rules_path: self.config.rules,
             rules_tx,
@@ -132,6 +139,7 @@ impl Alerting {
             config.resend_interval,
         )?;
         let (tx, rx) = mpsc::channel(INPUT_QUEUE);
+        let (node_tx, node_rx) = mpsc::unbounded_channel();
         Ok(PreparedAlerting {
             config,
             rules,
@@ -139,6 +147,8 @@ impl Alerting {
             notifier,
             tx,
             rx,
+            node_tx,
+            node_rx,
         })
     }
 
@@ -241,7 +251,6 @@ fn load_state(path: &Path) -> Result<BTreeMap<AlertKey, Tracked>, AlertError> {
 
 /// Replaces the state file atomically: a crash leaves the old or the new one.
 fn save_state(path: &Path, states: &BTreeMap<AlertKey, Tracked>) -> std::io::Result<()> {
-    use std::io::Write;
     let saved = SavedState {
         version: 1,
         alerts: states
@@ -253,15 +262,7 @@ fn save_state(path: &Path, states: &BTreeMap<AlertKey, Tracked>) -> std::io::Res
             .collect(),
     };
     let bytes = serde_json::to_vec_pretty(&saved).map_err(std::io::Error::other)?;
-    let tmp = path.with_extension("json.tmp");
-    let mut file = std::fs::File::create(&tmp)?;
-    file.write_all(&bytes)?;
-    file.sync_all()?;
-    std::fs::rename(&tmp, path)?;
-    if let Some(dir) = path.parent() {
-        std::fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
+    crate::state_file::replace(path, &bytes)
 }
 
 struct AlertTask {
@@ -303,16 +304,13 @@ impl AlertTask {
     }
 
     fn rule(&self, name: &str) -> Option<Arc<Rule>> {
-        self.evaluator
-            .rules()
-            .iter()
-            .find(|r| r.name == name)
-            .cloned()
+        self.evaluator.rule(name)
     }
 
     async fn run(
         mut self,
         mut inputs: mpsc::Receiver<AlertInput>,
+        mut nodes: mpsc::UnboundedReceiver<NodeChange>,
         mut rules: mpsc::Receiver<RuleSet>,
         mut stop: watch::Receiver<bool>,
     ) {
@@ -326,6 +324,9 @@ impl AlertTask {
                 biased;
                 _ = stopped(&mut stop) => break,
                 Some(set) = rules.recv() => self.set_rules(&set).await,
+                // Before batches: a node's return is queued before the
+                // batch that brought it back.
+                Some(change) = nodes.recv() => self.node_changed(&change).await,
                 input = inputs.recv() => match input {
                     Some(input) => self.evaluate(&input).await,
                     None => break,
@@ -335,6 +336,9 @@ impl AlertTask {
             }
         }
         // What ingest accepted before the stop is evaluated still.
+        while let Ok(change) = nodes.try_recv() {
+            self.node_changed(&change).await;
+        }
         while let Ok(input) = inputs.try_recv() {
             self.evaluate(&input).await;
         }
@@ -344,6 +348,17 @@ impl AlertTask {
 
     async fn evaluate(&mut self, input: &AlertInput) {
         let transitions = self.evaluator.observe(input);
+        self.apply(transitions).await;
+    }
+
+    /// A node fell silent (its alerts resolve, the `up` rules fire), came
+    /// back (those resolve), or was forgotten.
+    async fn node_changed(&mut self, change: &NodeChange) {
+        let transitions = match change {
+            NodeChange::Silent(s) => self.evaluator.node_silent(s),
+            NodeChange::Back { node, at_us, .. } => self.evaluator.node_back(node, *at_us),
+            NodeChange::Forgotten { node, at_us } => self.evaluator.node_forgotten(node, *at_us),
+        };
         self.apply(transitions).await;
     }
 
@@ -361,7 +376,7 @@ impl AlertTask {
                     self.notifier.fire(t.key.fingerprint(), am_alert(t, None));
                 }
                 Change::Resolved { ends_at_us, .. } => {
-                    info!(rule = %t.key.rule, node = %t.key.node, gpu = ?t.key.gpu, value = ?t.value, "alert resolved");
+                    info!(rule = %t.key.rule, node = %t.key.node, gpu = ?t.key.gpu, value = ?t.value, reason = t.reason.unwrap_or("cleared"), "alert resolved");
                     rows.push(alert_row(t, "resolved"));
                     let key = t.key.fingerprint();
                     // Alertmanager identifies an alert by its labels: the
@@ -410,8 +425,11 @@ impl AlertTask {
                 },
             );
             t.ts_us = ends_at_us;
+            t.reason = Some(reason::RULE_REMOVED);
             transitions.push(t);
         }
+        // A new `up` rule fires for the nodes silent now.
+        transitions.extend(self.evaluator.fire_silent());
         self.dirty = true;
         self.apply(transitions).await;
     }
@@ -443,20 +461,13 @@ fn transition(key: &AlertKey, tracked: &Tracked, rule: Arc<Rule>, change: Change
         key: key.clone(),
         change,
         ts_us,
-        threshold: threshold_of(&rule),
+        threshold: tracked.threshold.or(rule.threshold()),
         rule,
         uuid: tracked.uuid.clone(),
         model: tracked.model.clone(),
         job_id: tracked.job_id.clone(),
         value: tracked.value,
-    }
-}
-
-fn threshold_of(rule: &Rule) -> Option<f64> {
-    match rule.condition {
-        Condition::Threshold { threshold, .. } => Some(threshold),
-        Condition::Throttle { mask } => Some(mask as f64),
-        Condition::Xid { .. } => None,
+        reason: None,
     }
 }
 
@@ -483,6 +494,7 @@ fn alert_row(t: &Transition, status: &str) -> AlertRow {
         value: t.value,
         threshold: t.threshold,
         starts_at_us: starts_at(t),
+        reason: t.reason.map(str::to_owned),
     }
 }
 
@@ -557,9 +569,22 @@ fn am_alert(t: &Transition, ends_at_us: Option<i64>) -> AmAlert {
         }
         (Condition::Xid { .. }, Some(v)) => format!("XID {} on {where_}{job}", number(v)),
         (Condition::Throttle { .. }, _) => format!("{} on {where_}{job}", rule.metric),
+        (Condition::Silence, _) => match t.threshold {
+            Some(threshold) => {
+                annotations.insert("threshold".into(), number(threshold));
+                format!(
+                    "{where_} is silent: no data for more than {} s{job}",
+                    number(threshold)
+                )
+            }
+            None => format!("{where_} is silent{job}"),
+        },
         _ => format!("{} on {where_}{job}", rule.name),
     };
     annotations.entry("summary".into()).or_insert(summary);
+    if let Some(reason) = t.reason {
+        annotations.insert("reason".into(), reason.into());
+    }
     AmAlert {
         labels,
         annotations,
@@ -597,6 +622,7 @@ mod tests {
             job_id: None,
             value: Some(91.0),
             last_event_us: None,
+            threshold: None,
         };
         let states = BTreeMap::from([(key.clone(), tracked.clone())]);
         save_state(&path, &states).unwrap();
@@ -632,6 +658,7 @@ mod tests {
             job_id: Some("4242".into()),
             value: Some(91.0),
             threshold: Some(85.0),
+            reason: None,
         };
         let alert = am_alert(&t, None);
         let labels: Vec<(&str, &str)> = alert
@@ -668,5 +695,80 @@ mod tests {
             (Some(1), Some(91.0), Some(85.0))
         );
         assert_eq!(row.starts_at_us, 1_795_240_800_000_000);
+    }
+
+    #[test]
+    fn a_silent_node_reads_as_such_and_its_resolved_alerts_say_why() {
+        let set = rules::parse(
+            "[[rule]]\nname = \"NodeSilent\"\nmetric = \"up\"\nseverity = \"critical\"\n",
+            "a.toml",
+        )
+        .unwrap();
+        let silent = Transition {
+            key: AlertKey {
+                rule: "NodeSilent".into(),
+                node: "gpu-node-017".into(),
+                gpu: None,
+            },
+            change: Change::Firing {
+                starts_at_us: 1_795_240_800_000_000,
+            },
+            ts_us: 1_795_240_800_000_000,
+            rule: Arc::new(set.rules[0].clone()),
+            uuid: None,
+            model: None,
+            job_id: Some("4242".into()),
+            value: Some(0.0),
+            threshold: Some(30.0),
+            reason: None,
+        };
+        let alert = am_alert(&silent, None);
+        let labels: Vec<(&str, &str)> = alert
+            .labels
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(
+            labels,
+            [
+                ("alertname", "NodeSilent"),
+                ("job_id", "4242"),
+                ("node", "gpu-node-017"),
+                ("severity", "critical"),
+            ]
+        );
+        assert_eq!(
+            alert.annotations["summary"],
+            "gpu-node-017 is silent: no data for more than 30 s (job 4242)"
+        );
+        assert_eq!(
+            (
+                alert.annotations["metric"].as_str(),
+                alert.annotations["value"].as_str(),
+                alert.annotations["threshold"].as_str()
+            ),
+            ("up", "0", "30")
+        );
+        assert!(!alert.annotations.contains_key("reason"));
+        let row = alert_row(&silent, "firing");
+        assert_eq!(
+            (row.metric.as_str(), row.gpu, row.value, row.threshold),
+            ("up", None, Some(0.0), Some(30.0))
+        );
+        assert_eq!(row.reason, None);
+
+        let mut resolved = silent.clone();
+        resolved.change = Change::Resolved {
+            starts_at_us: 1_795_240_800_000_000,
+            ends_at_us: 1_795_240_860_000_000,
+        };
+        resolved.reason = Some(reason::NODE_SILENT);
+        let alert = am_alert(&resolved, Some(1_795_240_860_000_000));
+        assert_eq!(alert.annotations["reason"], "node_silent");
+        assert_eq!(alert.ends_at, "2026-11-21T06:01:00.000Z");
+        assert_eq!(
+            alert_row(&resolved, "resolved").reason.as_deref(),
+            Some("node_silent")
+        );
     }
 }

@@ -53,6 +53,19 @@ pub struct Rule {
     pub annotations: BTreeMap<String, String>,
 }
 
+impl Rule {
+    /// The rule's threshold as the `alert` table states it: the number for
+    /// numeric metrics, the reason bits for throttling, none for XIDs and
+    /// silence (an `up` alert carries its node's own).
+    pub fn threshold(&self) -> Option<f64> {
+        match self.condition {
+            Condition::Threshold { threshold, .. } => Some(threshold),
+            Condition::Throttle { mask } => Some(mask as f64),
+            Condition::Xid { .. } | Condition::Silence => None,
+        }
+    }
+}
+
 /// What a rule watches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Metric {
@@ -71,10 +84,13 @@ pub enum Metric {
     ThermalThrottle,
     /// Clock event reasons SW power cap, HW power brake.
     PowerThrottle,
+    /// Whether a node is heard from (Prometheus' `up`): 0 while it is
+    /// silent. Judged by the collector itself, not by a sample.
+    Up,
 }
 
 impl Metric {
-    const ALL: [Metric; 7] = [
+    const ALL: [Metric; 8] = [
         Metric::Temperature,
         Metric::MemoryTemperature,
         Metric::Power,
@@ -82,6 +98,7 @@ impl Metric {
         Metric::Xid,
         Metric::ThermalThrottle,
         Metric::PowerThrottle,
+        Metric::Up,
     ];
 
     /// The name used in rule files, labels and the `alert` table.
@@ -94,6 +111,7 @@ impl Metric {
             Metric::Xid => "xid",
             Metric::ThermalThrottle => "thermal_throttle",
             Metric::PowerThrottle => "power_throttle",
+            Metric::Up => "up",
         }
     }
 
@@ -183,6 +201,9 @@ pub enum Condition {
     },
     /// Breached while any of the `mask` bits is set in the clock event reasons.
     Throttle { mask: u64 },
+    /// Breached while the node is silent (see `--node-silence-after`);
+    /// clear at its next batch.
+    Silence,
 }
 
 /// Whether XID `code` breaches an XID condition of `codes` and
@@ -513,7 +534,27 @@ fn check_rule(at: &Locator<'_>, raw: RawRule) -> Result<Rule, RulesError> {
         ] {
             not_for(field, value.map(|v| v.span().start), "it has no threshold")?;
         }
-        if metric == Metric::Xid {
+        if metric == Metric::Up {
+            let silence = "a node is silent after --node-silence-after, a setting of the collector";
+            for (field, value) in [
+                ("codes", raw.codes.as_ref().map(|v| v.span().start)),
+                (
+                    "categories",
+                    raw.categories.as_ref().map(|v| v.span().start),
+                ),
+                ("reasons", raw.reasons.as_ref().map(|v| v.span().start)),
+            ] {
+                not_for(field, value, "it watches nodes, not GPUs")?;
+            }
+            for (field, value) in [
+                ("for", span(&raw.for_)),
+                ("clear-for", span(&raw.clear_for)),
+                ("clear-after", span(&raw.clear_after)),
+            ] {
+                not_for(field, value, silence)?;
+            }
+            Condition::Silence
+        } else if metric == Metric::Xid {
             not_for(
                 "reasons",
                 raw.reasons.as_ref().map(|v| v.span().start),
@@ -752,6 +793,42 @@ reasons = ["hw_thermal"]
     }
 
     #[test]
+    fn an_up_rule_takes_names_and_labels_but_no_condition() {
+        let set = parse(
+            "[[rule]]\nname = \"NodeSilent\"\nmetric = \"up\"\nseverity = \"critical\"\n\
+             labels = { team = \"infra\" }\nannotations = { runbook_url = \"https://wiki/silent\" }\n",
+            "alerts.toml",
+        )
+        .unwrap();
+        let rule = &set.rules[0];
+        assert_eq!(
+            (rule.metric, &rule.condition, rule.severity.as_str()),
+            (Metric::Up, &Condition::Silence, "critical")
+        );
+        assert_eq!(rule.labels["team"], "infra");
+        let e = err("[[rule]]\nname = \"A\"\nmetric = \"up\"\nfor = \"1m\"\n");
+        assert!(
+            e.starts_with(
+                "alerts.toml:4:7: rule \"A\", field `for`: does not apply to metric up \
+                 (a node is silent after --node-silence-after, a setting of the collector)"
+            ),
+            "{e}"
+        );
+        let e = err("[[rule]]\nname = \"A\"\nmetric = \"up\"\nop = \"<\"\nthreshold = 1\n");
+        assert!(
+            e.contains(
+                ":4:6: rule \"A\", field `op`: does not apply to metric up (it has no threshold)"
+            ),
+            "{e}"
+        );
+        let e = err("[[rule]]\nname = \"A\"\nmetric = \"up\"\ncodes = [79]\n");
+        assert!(
+            e.contains("field `codes`: does not apply to metric up (it watches nodes, not GPUs)"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn xid_rules_take_catalogue_categories() {
         let set = parse(
             "[[rule]]\nname = \"Hw\"\nmetric = \"xid\"\n\
@@ -891,9 +968,11 @@ reasons = ["hw_thermal"]
                 "GpuPowerOverLimit",
                 "GpuXidCritical",
                 "GpuThermalThrottling",
-                "GpuPowerBrake"
+                "GpuPowerBrake",
+                "NodeSilent"
             ]
         );
+        assert_eq!(set.rules[7].condition, Condition::Silence);
         assert_eq!(
             set.rules[4].condition,
             Condition::Xid {

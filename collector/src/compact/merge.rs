@@ -41,12 +41,18 @@ fn reader_of(
         })?;
     let expected = table.schema();
     let found = builder.schema();
-    let same = found.fields().len() == expected.fields().len()
+    // A file written before the table's schema grew is read into it: a
+    // column that became nullable (the event table's `gpu` and `uuid`, null
+    // on node events) simply holds no nulls there, and nullable columns
+    // added at the end since (the alert table's `reason`) are null.
+    let written = found.fields().len();
+    let same = written <= expected.fields().len()
         && found.fields().iter().zip(expected.fields()).all(|(a, b)| {
             a.name() == b.name()
                 && a.data_type() == b.data_type()
-                && a.is_nullable() == b.is_nullable()
-        });
+                && (a.is_nullable() == b.is_nullable() || b.is_nullable())
+        })
+        && expected.fields()[written..].iter().all(|f| f.is_nullable());
     Ok(same.then_some(builder))
 }
 
@@ -77,12 +83,21 @@ pub(super) fn decode(
         return Ok(None);
     };
     let expected = table.schema();
+    let written = builder.schema().fields().len();
     let reader = builder.with_batch_size(64 * 1024).build().map_err(err)?;
     let mut batches = Vec::new();
     for batch in reader {
         let batch = batch.map_err(|e| err(ParquetError::ArrowError(e.to_string())))?;
-        // The table's own schema (with its field metadata) for concatenation.
-        let batch = RecordBatch::try_new(expected.clone(), batch.columns().to_vec())
+        // The table's own schema (with its field metadata) for concatenation,
+        // columns added since the file was written null.
+        let mut columns = batch.columns().to_vec();
+        for added in &expected.fields()[written..] {
+            columns.push(arrow_array::new_null_array(
+                added.data_type(),
+                batch.num_rows(),
+            ));
+        }
+        let batch = RecordBatch::try_new(expected.clone(), columns)
             .and_then(|batch| match slice {
                 Some(slice) => slice.rows_of(&batch),
                 None => Ok(batch),
@@ -288,7 +303,7 @@ mod tests {
     use arrow_array::cast::AsArray;
     use arrow_array::types::{Int32Type, Int64Type, TimestampMicrosecondType};
     use gputel_proto::{EventKind, GpuEvent, GpuSample};
-    use gputel_schemas::{EventRows, GpuRows};
+    use gputel_schemas::{EventRows, EventSource, GpuRows};
 
     use super::*;
 
@@ -379,7 +394,7 @@ mod tests {
         };
         let mut rows = EventRows::default();
         for e in [xid(13), xid(31), xid(13), xid(13)] {
-            rows.push("n1", &e);
+            rows.push("n1", &EventSource::Gpu(&e));
         }
         let batch = RecordBatch::try_new(Table::Event.schema(), rows.finish()).unwrap();
         let (unique, duplicates) = sort_unique(Table::Event, &batch).unwrap();
@@ -397,5 +412,105 @@ mod tests {
             .values()
             .to_vec();
         assert_eq!(codes, [13, 31]);
+    }
+
+    /// Files written before the schema grew are read into it for
+    /// compaction: an event file from before node events (`gpu` and `uuid`
+    /// not nullable), an alert file from before `reason` (null there); a
+    /// file with a nullable column the table requires is not.
+    #[test]
+    fn files_written_before_the_schema_grew_are_read() {
+        use arrow_schema::{Field, Schema};
+        use parquet::arrow::ArrowWriter;
+
+        let encode = |schema: Arc<Schema>, batch: &RecordBatch| {
+            let batch = RecordBatch::try_new(schema.clone(), batch.columns().to_vec()).unwrap();
+            let mut bytes = Vec::new();
+            let mut writer = ArrowWriter::try_new(&mut bytes, schema, None).unwrap();
+            writer.write(&batch).unwrap();
+            writer.close().unwrap();
+            Bytes::from(bytes)
+        };
+        let xid = GpuEvent {
+            ts_us: T0,
+            gpu: 3,
+            uuid: "GPU-3".into(),
+            kind: EventKind::Xid as i32,
+            code: 79,
+            ..Default::default()
+        };
+        let mut rows = EventRows::default();
+        rows.push("n1", &EventSource::Gpu(&xid));
+        let batch = RecordBatch::try_new(Table::Event.schema(), rows.finish()).unwrap();
+        let narrowed = |field: &Field| match field.name().as_str() {
+            "gpu" | "uuid" => field.clone().with_nullable(false),
+            _ => field.clone(),
+        };
+        let older: Vec<Field> = Table::Event
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| narrowed(f))
+            .collect();
+        let read = decode(
+            Table::Event,
+            "older.parquet",
+            encode(Arc::new(Schema::new(older)), &batch),
+            None,
+        )
+        .unwrap()
+        .expect("an older event file is read");
+        assert_eq!(read.iter().map(RecordBatch::num_rows).sum::<usize>(), 1);
+        assert_eq!(read[0].schema(), Table::Event.schema());
+
+        // An alert file from before the `reason` column: read, reason null.
+        let alert = gputel_proto::AlertRow {
+            ts_us: T0,
+            node: "n1".into(),
+            gpu: Some(1),
+            rule: "GpuHot".into(),
+            severity: "critical".into(),
+            status: "resolved".into(),
+            metric: "temperature_c".into(),
+            starts_at_us: T0 - S,
+            ..Default::default()
+        };
+        let mut alert_rows = gputel_schemas::AlertRows::default();
+        alert_rows.push("n1", &alert);
+        let alert_batch = RecordBatch::try_new(Table::Alert.schema(), alert_rows.finish()).unwrap();
+        let schema = Table::Alert.schema();
+        let before_reason = Arc::new(Schema::new(
+            schema.fields()[..schema.fields().len() - 1].to_vec(),
+        ));
+        let columns = alert_batch.columns()[..schema.fields().len() - 1].to_vec();
+        let older = RecordBatch::try_new(before_reason.clone(), columns).unwrap();
+        let read = decode(
+            Table::Alert,
+            "alert.parquet",
+            encode(before_reason, &older),
+            None,
+        )
+        .unwrap()
+        .expect("an alert file from before `reason` is read");
+        assert_eq!(read[0].schema(), Table::Alert.schema());
+        let reason = read[0].column_by_name("reason").unwrap();
+        assert_eq!((reason.len(), reason.null_count()), (1, 1));
+
+        // The other way round (a nullable column the table requires) is not.
+        let mut gpu_rows = GpuRows::default();
+        gpu_rows.push("n1", &gpu(0, T0, None, 40));
+        let gpu_batch = RecordBatch::try_new(Table::Gpu.schema(), gpu_rows.finish()).unwrap();
+        let widened: Vec<Field> = Table::Gpu
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone().with_nullable(true))
+            .collect();
+        let bytes = encode(Arc::new(Schema::new(widened)), &gpu_batch);
+        assert!(
+            decode(Table::Gpu, "wider.parquet", bytes, None)
+                .unwrap()
+                .is_none()
+        );
     }
 }
