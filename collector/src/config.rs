@@ -58,6 +58,7 @@ pub struct Cli {
 pub enum Command {
     ImportJobs(ImportJobs),
     Compact(Compact),
+    Job(JobReport),
     /// Inspects or repairs the write-ahead log.
     #[command(subcommand)]
     Wal(WalCommand),
@@ -255,6 +256,63 @@ impl ImportJobs {
             None => Settings::default(),
         };
         Ok(file.store.unwrap_or_else(|| DEFAULT_STORE.to_owned()))
+    }
+}
+
+/// `gputel-collector job`.
+#[derive(Debug, Args)]
+#[command(
+    about = "Prints one job's efficiency report: per GPU utilization, SM activity, memory, power, energy, temperatures, throttling, XIDs, and hints",
+    long_about = "Prints one job's efficiency report from the store, in the spirit of Slurm's \
+                  jobstats: the job's span, nodes and GPUs; per GPU the time-weighted mean and \
+                  peak utilization and SM activity as bars, peak memory of the GPU's total, mean \
+                  power and energy, temperatures, time throttled, XIDs; the job's events and \
+                  alerts; and plain-language hints (idle GPUs, low SM activity, memory mostly \
+                  unused, throttling, XIDs).\n\n\
+                  Reads only the job's hours (from the job table), and of those files only the \
+                  row groups and columns it needs. Each sample counts for the time to the GPU's \
+                  next sample (at most 3 median intervals), so agents sampling every 1 s and \
+                  every 15 s add up right.\n\n\
+                  Exit status: 0 with a report; 1 when the store holds no samples of the job \
+                  (or nothing at all), said on stderr with what the store holds; 2 when the \
+                  store cannot be read."
+)]
+pub struct JobReport {
+    /// The job id as the gpu table holds it: the scheduler's (Slurm: 4242, array task 4242_7).
+    #[arg(value_name = "JOBID")]
+    pub job_id: String,
+    /// The store: a directory or an object store URL (file://, s3://)
+    /// [default: the store in --config, else ./gputel-data].
+    #[arg(long, value_name = "DIR|URL")]
+    pub store: Option<String>,
+    /// The collector's TOML configuration file, for the store and S3 settings.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Print the report as one JSON object (e.g. for a Slurm epilog to keep in the
+    /// job's AdminComment).
+    #[arg(long)]
+    pub json: bool,
+    /// Only look at hours from this time on (RFC 3339, e.g. 2026-05-01T00:00:00Z).
+    #[arg(long, value_name = "TIME")]
+    pub from: Option<chrono::DateTime<chrono::Utc>>,
+    /// Only look at hours up to this time (RFC 3339).
+    #[arg(long, value_name = "TIME")]
+    pub to: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl JobReport {
+    /// Store and S3 settings: the flag over the `--config` file over the default.
+    pub fn resolve(&self) -> Result<(String, S3Options), ConfigError> {
+        let file = match &self.config {
+            Some(path) => read_file(path)?,
+            None => Settings::default(),
+        };
+        let store = self
+            .store
+            .clone()
+            .or(file.store.clone())
+            .unwrap_or_else(|| DEFAULT_STORE.to_owned());
+        Ok((store, file.s3_options()))
     }
 }
 

@@ -23,6 +23,7 @@ pub mod log_throttle;
 pub mod marker;
 pub mod memory;
 pub mod persist;
+pub mod report;
 pub mod silence;
 pub mod state_file;
 pub mod store;

@@ -1,8 +1,8 @@
 use anyhow::Context;
 use clap::Parser;
 use gputel_collector::clock::Clock;
-use gputel_collector::config::{Cli, Command, Compact, Config, ImportJobs, WalCommand};
-use gputel_collector::{compact, import, store, wal};
+use gputel_collector::config::{Cli, Command, Compact, Config, ImportJobs, JobReport, WalCommand};
+use gputel_collector::{compact, import, report, store, wal};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -10,6 +10,7 @@ async fn main() -> anyhow::Result<()> {
     match cli.command.take() {
         Some(Command::ImportJobs(args)) => return import_jobs(args).await,
         Some(Command::Compact(args)) => return compact(args).await,
+        Some(Command::Job(args)) => std::process::exit(job_report(args).await),
         Some(Command::Wal(WalCommand::Check(args))) => {
             let dir = args.resolve()?;
             let report = wal::check(&dir)?;
@@ -102,4 +103,61 @@ async fn compact(args: Compact) -> anyhow::Result<()> {
         deleted.partitions,
     );
     Ok(())
+}
+
+/// `gputel-collector job`: the report on stdout; exit status 0 with a
+/// report, 1 when the store holds nothing of the job (why, on stderr), 2
+/// when the store cannot be read.
+async fn job_report(args: JobReport) -> i32 {
+    match job_report_outcome(&args).await {
+        Ok(report::Outcome::Report(r)) => {
+            if args.json {
+                match serde_json::to_string(&r) {
+                    Ok(json) => println!("{json}"),
+                    Err(e) => {
+                        eprintln!("error: cannot write the report as JSON: {e}");
+                        return 2;
+                    }
+                }
+            } else {
+                print!("{}", report::render::text(&r, &store_name(&args)));
+            }
+            0
+        }
+        Ok(report::Outcome::NotFound(why)) => {
+            eprintln!("{why}");
+            1
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            2
+        }
+    }
+}
+
+fn store_name(args: &JobReport) -> String {
+    args.resolve().map(|(s, _)| s).unwrap_or_default()
+}
+
+async fn job_report_outcome(args: &JobReport) -> anyhow::Result<report::Outcome> {
+    let (store_spec, s3) = args.resolve()?;
+    // A local store is opened by creating its directory; a report must not
+    // leave one behind for a mistyped path.
+    if !store_spec.contains("://") && !std::path::Path::new(&store_spec).is_dir() {
+        anyhow::bail!("there is no store at {store_spec}: no such directory (give --store)");
+    }
+    let store = store::open_store(&store_spec, &s3)?;
+    let query = report::Query {
+        job_id: args.job_id.clone(),
+        from_us: args.from.map(|t| t.timestamp_micros()),
+        to_us: args.to.map(|t| t.timestamp_micros()),
+    };
+    report::report(store.objects, &store_spec, &query)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot make the report of job {} from {store_spec}",
+                args.job_id
+            )
+        })
 }
