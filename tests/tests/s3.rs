@@ -270,6 +270,42 @@ fn two_collectors_share_a_bucket_and_import_jobs_writes_there() {
         ),
     );
     assert_eq!(jobs, json!(true));
+
+    // A job's report read from the bucket is the report of the downloaded copy.
+    let job = duckdb_value(
+        tmp.path(),
+        &format!(
+            "select min(job_id) from read_parquet('{}/job/**/*.parquet')",
+            local.display()
+        ),
+    );
+    let job = job.as_str().expect("a job in the job table");
+    let report = |store: &str, s3_settings: bool| -> serde_json::Value {
+        let mut cmd = Command::new(collector_bin());
+        if s3_settings {
+            s3_env(&mut cmd)
+                .env("AWS_ENDPOINT_URL", s3.endpoint())
+                .env("AWS_ALLOW_HTTP", "true");
+        }
+        let out = cmd
+            .args(["job", job, "--json", "--store", store])
+            .output()
+            .expect("run gputel-collector job");
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        report["read"] = serde_json::Value::Null;
+        report
+    };
+    let from_s3 = report(&format!("s3://{BUCKET}/{PREFIX}"), true);
+    let from_dir = report(&local.display().to_string(), false);
+    assert_eq!(from_s3, from_dir);
+    assert_eq!(from_s3["job_id"], job);
+    assert_eq!(from_s3["gpus"], 8);
 }
 
 #[test]
