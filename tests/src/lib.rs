@@ -209,6 +209,13 @@ impl Running {
         self.wait_for_exit(timeout)
     }
 
+    /// Waits for the process to exit by itself; returns its output and
+    /// every stderr line it wrote.
+    pub fn wait_with_log(mut self, timeout: Duration) -> (Output, Vec<String>) {
+        let out = self.wait_for_exit(timeout);
+        (out, std::mem::take(&mut self.log))
+    }
+
     fn wait_for_exit(&mut self, timeout: Duration) -> Output {
         let mut child = self.child.take().expect("running");
         let deadline = std::time::Instant::now() + timeout;
