@@ -28,7 +28,7 @@ pub fn fixture(name: &str) -> PathBuf {
 }
 
 /// The directory holding the built programs: the test executable's grandparent.
-fn target_dir() -> PathBuf {
+pub fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     exe.parent()
         .and_then(Path::parent)
