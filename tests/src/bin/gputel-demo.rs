@@ -30,7 +30,8 @@ use gputel_tests::demo::{self, Node, Options};
 )]
 struct Cli {
     /// Directory for the simulated trees (its scenario.toml, proc, sys,
-    /// jobmap, trace and tmp are replaced).
+    /// jobmap, trace and tmp are replaced; its history file lets the next
+    /// simulation there go on with new job ids).
     #[arg(long, value_name = "DIR")]
     dir: PathBuf,
     /// Simulate the GPUs, their jobs and processes, and the job trace.
@@ -75,7 +76,7 @@ fn main() -> anyhow::Result<()> {
         .with_context(|| format!("cannot build the simulated node in {}", dir.display()))?;
     node.advance(0)?;
     let mut out = std::io::stdout().lock();
-    write!(out, "{}", demo::describe(cli.gpus, cli.ib))?;
+    write!(out, "{}", demo::describe(cli.gpus, cli.ib, node.history()))?;
     out.flush()?;
     drop(out);
     eprintln!(

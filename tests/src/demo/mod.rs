@@ -26,7 +26,9 @@
 //!   whenever a job starts or ends, as a periodic `sacct` export would be.
 //!
 //! The node repeats a ten-minute cycle ([`CYCLE_S`]) for a day
-//! ([`CYCLES`]); each cycle's jobs have new ids. See [`describe`].
+//! ([`CYCLES`]); each cycle's jobs have new ids. A simulation started again
+//! in the same directory goes on from the last one ([`History`]): job ids
+//! past those it used, the same pretraining job. See [`describe`].
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -46,15 +48,37 @@ pub const GPUS: u32 = 8;
 /// The pretraining job, on GPUs 0-3 from before the start to past the end.
 pub const PRETRAIN_JOB: u64 = 1000;
 const PRETRAIN_GPUS: &[u32] = &[0, 1, 2, 3];
-/// How long before the simulation the pretraining job started.
-const PRETRAIN_AGE_S: u64 = 2 * 3600;
 /// Its processes' pids: this plus the GPU index.
 const PRETRAIN_PID: u32 = 3100;
-/// Pids of the cycles' processes: this plus 10 × (job id − first id) plus
-/// the process's index among its job's GPUs.
+/// Pids of the cycles' processes: this plus 10 × the job's place among the
+/// cycles' jobs plus the process's index among its job's GPUs.
 const CYCLE_PID: u32 = 20000;
-/// Id of the first cycle's first job; each cycle's jobs follow in slot order.
-const FIRST_JOB: u64 = 1001;
+
+/// Where a simulation starts in the scheduler's history, so that a restart
+/// goes on from the last one: the id of its first cycle's first job (each
+/// cycle's jobs follow in slot order), and how long before its start the
+/// pretraining job started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct History {
+    pub first_job: u64,
+    pub pretrain_age_s: u64,
+}
+
+impl Default for History {
+    fn default() -> Self {
+        History {
+            first_job: 1001,
+            pretrain_age_s: 2 * 3600,
+        }
+    }
+}
+
+impl History {
+    /// The first job id of cycle `cycle`.
+    pub fn cycle_first_job(&self, cycle: u64) -> u64 {
+        self.first_job + cycle * SLOTS.len() as u64
+    }
+}
 
 /// GPU 2 runs hot from 0:15 to 1:35 of every cycle: above 85 °C for more
 /// than the minute `GpuTemperatureHigh` (systemd/alerts.toml) waits, so it
@@ -289,7 +313,7 @@ impl Job {
 }
 
 /// Every job of the simulation, by id.
-pub fn jobs() -> Vec<Job> {
+pub fn jobs(history: History) -> Vec<Job> {
     let mut jobs = vec![Job {
         id: PRETRAIN_JOB,
         work: Work::Pretrain,
@@ -297,8 +321,8 @@ pub fn jobs() -> Vec<Job> {
         nodes: 4,
         user: "alice",
         attribution: Attribution::SlurmCgroupV2,
-        submit_s: -(PRETRAIN_AGE_S as i64) - 600,
-        start_s: -(PRETRAIN_AGE_S as i64),
+        submit_s: -(history.pretrain_age_s as i64) - 600,
+        start_s: -(history.pretrain_age_s as i64),
         end_s: None,
         final_state: "RUNNING",
     }];
@@ -307,7 +331,7 @@ pub fn jobs() -> Vec<Job> {
             let base = (cycle * CYCLE_S) as i64;
             let start_s = base + slot.start_s as i64;
             jobs.push(Job {
-                id: FIRST_JOB + cycle * SLOTS.len() as u64 + n as u64,
+                id: history.cycle_first_job(cycle) + n as u64,
                 work: slot.work,
                 gpus: slot.gpus.to_vec(),
                 nodes: 1,
@@ -339,7 +363,8 @@ pub struct Process {
 /// Every process: one per GPU of each job that runs one.
 pub fn processes(jobs: &[Job]) -> Vec<Process> {
     let mut out = Vec::new();
-    for job in jobs {
+    // The pretraining job comes first, then the cycles' jobs.
+    for (place, job) in jobs.iter().enumerate() {
         if job.attribution == Attribution::MappingFile {
             continue;
         }
@@ -347,7 +372,7 @@ pub fn processes(jobs: &[Job]) -> Vec<Process> {
             let pid = if job.id == PRETRAIN_JOB {
                 PRETRAIN_PID + gpu
             } else {
-                CYCLE_PID + 10 * (job.id - FIRST_JOB) as u32 + n as u32
+                CYCLE_PID + 10 * (place as u32 - 1) + n as u32
             };
             out.push(Process {
                 pid,
@@ -658,7 +683,7 @@ fn clock(s: u64) -> String {
 }
 
 /// What is simulated, in words, for `scripts/run-local`'s banner.
-pub fn describe(gpus: bool, ib: bool) -> String {
+pub fn describe(gpus: bool, ib: bool, history: History) -> String {
     let mut out = String::new();
     if gpus {
         let gpu_list = |gpus: &[u32]| match gpus {
@@ -685,11 +710,12 @@ pub fn describe(gpus: bool, ib: bool) -> String {
         );
         let _ = writeln!(
             out,
-            "           and every {} minutes for a day, with new ids ({FIRST_JOB}-{} first, then {}-{}, ...):",
+            "           and every {} minutes for a day, with new ids ({}-{} first, then {}-{}, ...):",
             CYCLE_S / 60,
-            FIRST_JOB + SLOTS.len() as u64 - 1,
-            FIRST_JOB + SLOTS.len() as u64,
-            FIRST_JOB + 2 * SLOTS.len() as u64 - 1
+            history.cycle_first_job(0),
+            history.cycle_first_job(1) - 1,
+            history.cycle_first_job(1),
+            history.cycle_first_job(2) - 1
         );
         for slot in &SLOTS {
             let xids: Vec<String> = XIDS
@@ -739,7 +765,7 @@ mod tests {
     #[test]
     fn the_first_two_minutes_hold_every_kind_of_row() {
         // Jobs start and end on GPUs 4-6 within two minutes.
-        let jobs = jobs();
+        let jobs = jobs(History::default());
         let ended: Vec<u64> = jobs
             .iter()
             .filter(|j| j.end_s.is_some_and(|end| end <= 120))
@@ -789,7 +815,7 @@ mod tests {
 
     #[test]
     fn the_scenario_lists_every_cycles_processes_and_xids() {
-        let text = scenario(&jobs());
+        let text = scenario(&jobs(History::default()));
         assert_eq!(text.matches("[[gpu]]").count(), 8);
         // Pretraining: one process per GPU, from before the start.
         assert!(text.contains("{ pid = 3102, used_memory_bytes = 77309411328 },"));
@@ -828,7 +854,7 @@ mod tests {
 
     #[test]
     fn a_dump_states_each_job_as_the_scheduler_knows_it_then() {
-        let jobs = jobs();
+        let jobs = jobs(History::default());
         let start = 1_795_000_000; // 2026-11-18 11:06:40 UTC
         let dump = trace_dump(&jobs, 100, start);
         let lines: Vec<&str> = dump.lines().collect();
@@ -852,7 +878,7 @@ mod tests {
 
     #[test]
     fn pids_never_repeat_while_their_processes_could_overlap() {
-        let procs = processes(&jobs());
+        let procs = processes(&jobs(History::default()));
         let mut seen = BTreeSet::new();
         for p in &procs {
             assert!(seen.insert(p.pid), "pid {} twice", p.pid);

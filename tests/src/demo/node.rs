@@ -7,9 +7,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use super::{
-    Attribution, CYCLE_S, GPUS, Job, Process, ib_bytes_per_s, jobs, processes, scenario,
+    Attribution, CYCLE_S, GPUS, History, Job, Process, ib_bytes_per_s, jobs, processes, scenario,
     trace_changes, trace_dump,
 };
+
+/// The file under `--dir` that carries the history from one simulation to
+/// the next (see [`History`]).
+const HISTORY_FILE: &str = "history";
 
 /// Why the simulation cannot go on.
 #[derive(Debug, thiserror::Error)]
@@ -113,6 +117,9 @@ struct Counter {
 #[derive(Debug)]
 pub struct Node {
     options: Options,
+    history: History,
+    /// When the pretraining job started, Unix seconds (kept in the history).
+    pretrain_start_unix: i64,
     jobs: Vec<Job>,
     processes: Vec<Process>,
     counters: Vec<Counter>,
@@ -138,7 +145,15 @@ impl Node {
         }
         let tmp = options.tmp_dir();
         std::fs::create_dir_all(&tmp).map_err(io("cannot create", &tmp))?;
-        let jobs = jobs();
+        // Where the last simulation here left the scheduler's history.
+        let fresh = History::default();
+        let (first_job, pretrain_started) = read_history(&options.dir.join(HISTORY_FILE))
+            .unwrap_or((fresh.first_job, start_unix - fresh.pretrain_age_s as i64));
+        let history = History {
+            first_job,
+            pretrain_age_s: u64::try_from(start_unix - pretrain_started).unwrap_or(0),
+        };
+        let jobs = jobs(history);
         let processes = processes(&jobs);
         let mut counters = Vec::new();
         if options.gpus {
@@ -186,15 +201,39 @@ impl Node {
                 }
             }
         }
-        Ok(Node {
+        let node = Node {
             options,
+            history,
+            pretrain_start_unix: pretrain_started,
             jobs,
             processes,
             counters,
             start_unix,
             last: None,
             imports: 0,
-        })
+        };
+        node.save_history(0)?;
+        Ok(node)
+    }
+
+    /// What the simulation stands for in the scheduler's history.
+    pub fn history(&self) -> History {
+        self.history
+    }
+
+    /// Records where a later simulation goes on: past the jobs of `cycle`,
+    /// which has begun, with the same pretraining job.
+    fn save_history(&self, cycle: u64) -> Result<(), DemoError> {
+        let text = format!(
+            "next_job={}\npretrain_started={}\n",
+            self.history.cycle_first_job(cycle + 1),
+            self.pretrain_start_unix
+        );
+        write_atomic(
+            &self.options.tmp_dir(),
+            &self.options.dir.join(HISTORY_FILE),
+            &text,
+        )
     }
 
     /// Brings the trees to second `t` of the simulation (every second since
@@ -205,6 +244,9 @@ impl Node {
             return Ok(());
         }
         if self.options.gpus {
+            if (from..=t).any(|n| n % CYCLE_S == 0) && t > 0 {
+                self.save_history(t / CYCLE_S)?;
+            }
             self.sync_processes(t)?;
             self.sync_mapping(t)?;
             let changed = (from..=t).any(|n| trace_changes().contains(&(n % CYCLE_S)));
@@ -352,6 +394,28 @@ impl Node {
     }
 }
 
+/// The next job id and the pretraining job's start (Unix seconds) a former
+/// simulation left; None when there is none, or it cannot be read.
+fn read_history(path: &Path) -> Option<(u64, i64)> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let value = |key: &str| {
+        text.lines()
+            .find_map(|line| line.strip_prefix(key)?.strip_prefix('='))
+            .map(str::trim)
+    };
+    let history = value("next_job")?
+        .parse()
+        .ok()
+        .zip(value("pretrain_started")?.parse().ok());
+    if history.is_none() {
+        eprintln!(
+            "gputel-demo: {} is not a simulation's history; starting a new one",
+            path.display()
+        );
+    }
+    history
+}
+
 /// Copies a directory tree of plain files and directories.
 fn copy_tree(from: &Path, to: &Path) -> Result<(), DemoError> {
     std::fs::create_dir_all(to).map_err(io("cannot create", to))?;
@@ -403,4 +467,45 @@ fn proc_files(p: &Process, user: &str) -> [(&'static str, String); 3] {
         ("cgroup", cgroup),
         ("environ", environ),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_restart_goes_on_with_new_job_ids_and_the_same_pretraining_job() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let options = Options {
+            dir: dir.path().join("node"),
+            gpus: true,
+            ib: false,
+            store: dir.path().join("store"),
+            collector: dir.path().join("no-collector"),
+            fixture_sys: dir.path().join("no-fixture"),
+        };
+        let first = Node::prepare(options.clone(), 1_000_000).expect("prepare");
+        assert_eq!(
+            first.history(),
+            History {
+                first_job: 1001,
+                pretrain_age_s: 7200
+            }
+        );
+        drop(first);
+        // Five minutes later: the first cycle's ids were taken.
+        let second = Node::prepare(options.clone(), 1_000_300).expect("prepare again");
+        assert_eq!(
+            second.history(),
+            History {
+                first_job: 1005,
+                pretrain_age_s: 7500
+            }
+        );
+        assert_eq!(second.jobs[1].id, 1005);
+        // A history that cannot be read starts a new one.
+        std::fs::write(options.dir.join(HISTORY_FILE), "next_job=x\n").expect("write");
+        let third = Node::prepare(options, 1_000_600).expect("prepare a third time");
+        assert_eq!(third.history(), History::default());
+    }
 }
