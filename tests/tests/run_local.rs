@@ -295,3 +295,64 @@ fn a_taken_port_is_one_line() {
         "{stderr}"
     );
 }
+
+/// A script killed with SIGKILL cannot stop its programs; the next
+/// run-local finds them by the lock they still hold, names them, and starts
+/// nothing.
+#[test]
+fn the_programs_of_a_killed_run_local_are_named_by_the_next() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let _leftovers = Leftovers(tmp.path().to_owned());
+    let port = unused_port();
+    // Its programs will outlive it, holding its output open: no pipes here.
+    let mut script = run_local(tmp.path(), port)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start run-local");
+    let collector_log = tmp.path().join("run/collector.log");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_to_string(&collector_log).is_ok_and(|log| log.contains("flushed")) {
+        assert!(Instant::now() < deadline, "the collector never flushed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    script.kill().expect("SIGKILL run-local");
+    script.wait().expect("reap run-local");
+    let mut orphans: Vec<u32> = processes_of(tmp.path())
+        .into_iter()
+        .filter(|(_, cmdline)| cmdline.contains("/gputel-"))
+        .map(|(pid, _)| pid)
+        .collect();
+    orphans.sort_unstable();
+    assert_eq!(orphans.len(), 3, "{:?}", processes_of(tmp.path()));
+
+    let next = run_local(tmp.path(), port)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run run-local again");
+    let stderr = String::from_utf8_lossy(&next.stderr);
+    assert_eq!(next.status.code(), Some(1), "{stderr}");
+    let prefix = format!(
+        "error: programs of an earlier scripts/run-local still run from {} (the script, pid {}, is gone); stop them first: kill ",
+        tmp.path().join("run").display(),
+        script.id()
+    );
+    let named = stderr
+        .strip_prefix(&prefix)
+        .and_then(|rest| rest.strip_suffix('\n'))
+        .unwrap_or_else(|| panic!("{stderr:?}"));
+    let mut named: Vec<u32> = named
+        .split(' ')
+        .map(|pid| pid.parse().expect("a pid"))
+        .collect();
+    named.sort_unstable();
+    assert_eq!(named, orphans);
+
+    // As the line says: kill them, and nothing is left.
+    for pid in &named {
+        let _ = Command::new("kill").arg(pid.to_string()).status();
+    }
+    let left = wait_until_gone(tmp.path(), Duration::from_secs(30));
+    assert!(left.is_empty(), "{left:?}");
+}
