@@ -29,7 +29,9 @@ pub struct Identity {
     pub boot_id: String,
 }
 
-/// What the stream did over its life.
+/// What the stream did over its life. The counts are of this run's
+/// batches, but for `earlier`; `rejected` and `dropped` count what this run
+/// rejected and dropped.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Delivery {
     /// Batches handed over by the sampler.
@@ -44,6 +46,19 @@ pub struct Delivery {
     pub unacknowledged: u64,
     /// Rows in acknowledged batches, per table.
     pub acknowledged_rows: TableRows,
+    /// Batches an earlier run left unacknowledged in the spool.
+    pub earlier: Earlier,
+}
+
+/// What became of the batches an earlier run left in the spool.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Earlier {
+    /// How many there were at the start.
+    pub pending: u64,
+    /// Those the collector acknowledged in this run.
+    pub acknowledged: u64,
+    /// Those still unacknowledged when the agent stopped.
+    pub unacknowledged: u64,
 }
 
 /// Row counts per table.
@@ -206,8 +221,7 @@ async fn run_queue(
         // While waiting, keep taking batches so the sampler never blocks.
         loop {
             if drain_deadline.is_some_and(|d| Instant::now() >= d) {
-                queue.delivery.unacknowledged = queue.len() as u64;
-                return queue.delivery;
+                return queue.finish();
             }
             let until = drain_deadline.map_or(wake, |d| d.min(wake));
             tokio::select! {
@@ -217,7 +231,7 @@ async fn run_queue(
                     }
                     None => {
                         if queue.is_empty() {
-                            return queue.delivery;
+                            return queue.finish();
                         }
                         drain_deadline = Some(Instant::now() + drain_timeout);
                     }
@@ -230,8 +244,7 @@ async fn run_queue(
             }
         }
     }
-    queue.delivery.unacknowledged = queue.len() as u64;
-    queue.delivery
+    queue.finish()
 }
 
 fn new_backoff() -> impl Iterator<Item = Duration> {
@@ -353,6 +366,8 @@ struct Queue {
     from_disk: VecDeque<Batch>,
     /// Sequence numbers rejected by the collector, skipped when resending.
     rejected: Vec<u64>,
+    /// This run's first sequence number: lower ones are an earlier run's.
+    first_of_run: u64,
     delivery: Delivery,
 }
 
@@ -361,14 +376,38 @@ const SPOOL_READ: usize = 256;
 
 impl Queue {
     fn new(max: usize, spool: Option<Spool>) -> Self {
+        let first_of_run = spool.as_ref().map_or(1, Spool::next_seq);
+        let earlier = Earlier {
+            pending: spool.as_ref().map_or(0, Spool::len),
+            ..Earlier::default()
+        };
         Self {
             batches: VecDeque::new(),
             max,
             spool,
             from_disk: VecDeque::new(),
             rejected: Vec::new(),
-            delivery: Delivery::default(),
+            first_of_run,
+            delivery: Delivery {
+                earlier,
+                ..Delivery::default()
+            },
         }
+    }
+
+    /// What was delivered, with what is left unacknowledged now.
+    fn finish(&mut self) -> Delivery {
+        let earlier = self.earlier_len();
+        self.delivery.earlier.unacknowledged = earlier;
+        self.delivery.unacknowledged = self.len() as u64 - earlier;
+        self.delivery
+    }
+
+    /// Unacknowledged batches of earlier runs: in the spool only.
+    fn earlier_len(&self) -> u64 {
+        self.spool
+            .as_ref()
+            .map_or(0, |spool| spool.len_before(self.first_of_run))
     }
 
     /// Batches not yet acknowledged: the spooled ones, and any the spool
@@ -474,7 +513,8 @@ impl Queue {
 
     /// Everything with seq <= `seq` is acknowledged.
     fn acknowledge(&mut self, seq: u64) {
-        let before = self.len();
+        let before = self.len() as u64;
+        let before_earlier = self.earlier_len();
         while self.batches.front().is_some_and(|b| b.seq <= seq) {
             let Some(batch) = self.batches.pop_front() else {
                 break;
@@ -491,7 +531,10 @@ impl Queue {
         {
             warn!(error = %e, "cannot delete acknowledged spool segments");
         }
-        self.delivery.acknowledged += before.saturating_sub(self.len()) as u64;
+        let (after, after_earlier) = (self.len() as u64, self.earlier_len());
+        self.delivery.earlier.acknowledged += before_earlier.saturating_sub(after_earlier);
+        self.delivery.acknowledged +=
+            (before - before_earlier).saturating_sub(after - after_earlier);
     }
 
     /// The collector refused `seq` for good: never send it again.
@@ -595,9 +638,53 @@ mod tests {
                 dropped: 0,
                 unacknowledged: 0,
                 acknowledged_rows: TableRows::default(),
+                earlier: Earlier::default(),
             }
         );
         assert_eq!(q.last_seq(), None);
+    }
+
+    /// A run counts its own batches; an earlier run's, left in the spool,
+    /// are counted apart.
+    #[test]
+    fn an_earlier_runs_batches_are_counted_apart_from_this_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spool = Spool::open(dir.path(), 1 << 20).unwrap();
+        for seq in 1..=5 {
+            spool.append(&batch(seq)).unwrap();
+        }
+        spool.acknowledge(2).unwrap();
+        drop(spool);
+
+        let spool = Spool::open(dir.path(), 1 << 20).unwrap();
+        let mut q = Queue::new(10, Some(spool));
+        q.push(batch(6));
+        q.push(batch(7));
+        q.acknowledge(4);
+        q.acknowledge(6);
+        assert_eq!(
+            q.finish(),
+            Delivery {
+                produced: 2,
+                acknowledged: 1,
+                rejected: 0,
+                dropped: 0,
+                unacknowledged: 1,
+                acknowledged_rows: TableRows::default(),
+                earlier: Earlier {
+                    pending: 3,
+                    acknowledged: 3,
+                    unacknowledged: 0,
+                },
+            }
+        );
+
+        // Everything acknowledged: the next run starts with nothing pending.
+        q.acknowledge(7);
+        drop(q);
+        let spool = Spool::open(dir.path(), 1 << 20).unwrap();
+        let mut q = Queue::new(10, Some(spool));
+        assert_eq!(q.finish(), Delivery::default());
     }
 
     #[test]

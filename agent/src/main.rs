@@ -1,4 +1,5 @@
 use std::io::Write;
+use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
@@ -7,7 +8,11 @@ use gputel_agent::sampling::Samplers;
 use gputel_agent::snapshot;
 use tracing::{info, warn};
 
-fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
+    gputel_runtime::report::exit("gputel-agent", run().map_err(Into::into))
+}
+
+fn run() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let config = Config::load(&cli)?;
     gputel_runtime::logging::init(&config.log)?;

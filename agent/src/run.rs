@@ -63,10 +63,12 @@ pub struct Summary {
 }
 
 impl Summary {
-    /// The `key=value` line the agent logs and prints when it stops.
+    /// The `key=value` line the agent logs and prints when it stops: this
+    /// run's batches, then, when the spool held an earlier run's
+    /// unacknowledged batches at the start, what became of those.
     pub fn line(&self) -> String {
         let delivery = &self.delivery;
-        format!(
+        let mut line = format!(
             "ticks={} batches={} acknowledged={} rejected={} dropped={} unacknowledged={} \
              acknowledged_rows: gpu={} node={} ib={}",
             self.ticks,
@@ -78,12 +80,22 @@ impl Summary {
             delivery.acknowledged_rows.gpu,
             delivery.acknowledged_rows.node,
             delivery.acknowledged_rows.ib,
-        )
+        );
+        let earlier = &delivery.earlier;
+        if earlier.pending > 0 {
+            line.push_str(&format!(
+                " earlier_runs: earlier_pending={} earlier_acknowledged={} earlier_unacknowledged={}",
+                earlier.pending, earlier.acknowledged, earlier.unacknowledged
+            ));
+        }
+        line
     }
 
-    /// Whether everything sampled was delivered.
+    /// Whether everything sampled, and everything left from before, was
+    /// delivered.
     pub fn delivered_all(&self) -> bool {
         self.delivery.unacknowledged == 0
+            && self.delivery.earlier.unacknowledged == 0
             && self.delivery.dropped == 0
             && self.delivery.rejected == 0
     }

@@ -7,6 +7,10 @@
 //!   continue across restarts and the collector can drop what it already has.
 //! - `spool-<first seq>.log`: consecutive batches, each framed as
 //!   `[len: u32 LE][xxh64 of payload: u64 LE][payload]` (a protobuf `Batch`).
+//! - `acked`: the highest sequence number the collector acknowledged, so that
+//!   a start after a clean stop knows the batches still on disk (the segment
+//!   being written is kept until the next one begins) are delivered, and
+//!   sequence numbers continue past it whatever segments are left.
 //!
 //! Memory stays bounded: the spool keeps only segment metadata; the sender
 //! reads batches back from disk as it resends them. Past `max_bytes` the
@@ -25,6 +29,7 @@ use gputel_runtime::framing;
 use prost::Message;
 
 const AGENT_ID_FILE: &str = "agent.id";
+const ACKED_FILE: &str = "acked";
 
 /// Why the spool could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -118,12 +123,13 @@ impl Spool {
             });
         }
         segments.sort_by_key(|s| s.first_seq);
+        let acked = read_acked(dir);
         let mut segments: VecDeque<Segment> = segments.into();
         // Write to a fresh segment: the last one may end in a torn batch. A
         // last segment without a whole batch is emptied and written again
         // instead, so one file is never listed twice.
         let reuse = segments.back().is_some_and(|s| s.batches == 0);
-        let next = if reuse {
+        let after_segments = if reuse {
             segments.back().map_or(1, |s| s.first_seq)
         } else {
             match segments.back() {
@@ -137,14 +143,20 @@ impl Spool {
                 })?,
             }
         };
-        if reuse {
-            let path = segment_path(dir, next);
-            OpenOptions::new()
-                .write(true)
-                .open(&path)
-                .and_then(|f| f.set_len(0))
-                .map_err(err(&path))?;
-            segments.pop_back();
+        // Never a number the collector has acknowledged, even where the
+        // segments that held it are gone.
+        let next = after_segments.max(acked + 1);
+        if reuse && let Some(empty) = segments.pop_back() {
+            let path = segment_path(dir, empty.first_seq);
+            if empty.first_seq == next {
+                OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .and_then(|f| f.set_len(0))
+                    .map_err(err(&path))?;
+            } else {
+                fs::remove_file(&path).map_err(err(&path))?;
+            }
         }
         let file = create_segment(dir, next)?;
         segments.push_back(Segment {
@@ -153,16 +165,19 @@ impl Spool {
             batches: 0,
             bytes: 0,
         });
-        Ok(Spool {
+        let mut spool = Spool {
             dir: dir.to_owned(),
             agent_id,
             segments,
             file,
             segment_bytes: (max_bytes / 16).clamp(4 * 1024, 16 * 1024 * 1024),
             max_bytes,
-            acked: 0,
+            acked,
             dropped: 0,
-        })
+        };
+        // What the last run had delivered is gone for good.
+        spool.delete_acknowledged_segments()?;
+        Ok(spool)
     }
 
     /// The agent id kept in the spool.
@@ -178,10 +193,16 @@ impl Spool {
     /// Batches spooled and not yet acknowledged (sequence numbers in the
     /// spool are consecutive).
     pub fn len(&self) -> u64 {
+        self.len_before(u64::MAX)
+    }
+
+    /// Batches spooled and not yet acknowledged with a sequence number
+    /// below `seq`: those of earlier runs, for `seq` = this run's first.
+    pub fn len_before(&self, seq: u64) -> u64 {
         let Some(first) = self.first_seq() else {
             return 0;
         };
-        let last = self.next_seq() - 1;
+        let last = (self.next_seq() - 1).min(seq.saturating_sub(1));
         last.saturating_sub(self.acked.max(first - 1))
     }
 
@@ -255,9 +276,20 @@ impl Spool {
         dropped
     }
 
-    /// Everything up to `seq` is acknowledged: deletes the segments it covers.
+    /// Everything up to `seq` is acknowledged: records it, and deletes the
+    /// segments it covers.
     pub fn acknowledge(&mut self, seq: u64) -> Result<(), SpoolError> {
-        self.acked = self.acked.max(seq);
+        if seq > self.acked {
+            self.acked = seq;
+            write_acked(&self.dir, seq)?;
+        }
+        self.delete_acknowledged_segments()
+    }
+
+    /// Deletes the segments, but the one being written, whose batches are
+    /// all acknowledged.
+    fn delete_acknowledged_segments(&mut self) -> Result<(), SpoolError> {
+        let seq = self.acked;
         while self.segments.len() > 1 && self.segments.front().is_some_and(|s| s.last_seq <= seq) {
             if let Some(old) = self.segments.pop_front() {
                 let path = segment_path(&self.dir, old.first_seq);
@@ -292,6 +324,34 @@ impl Spool {
         }
         Ok(out)
     }
+}
+
+/// The acknowledged position kept in `dir`; 0 when there is none (a spool
+/// of an older version, or a new one) or it cannot be used.
+fn read_acked(dir: &Path) -> u64 {
+    let path = dir.join(ACKED_FILE);
+    let Ok(text) = fs::read_to_string(&path) else {
+        return 0;
+    };
+    match text.trim().parse::<u64>() {
+        // No batch could follow the largest number.
+        Ok(seq) if seq < u64::MAX => seq,
+        _ => {
+            tracing::warn!(path = %path.display(), "not an acknowledged sequence number; ignored (batches still spooled are sent again, and the collector drops what it has)");
+            0
+        }
+    }
+}
+
+/// Replaces the acknowledged position in one rename. It is not synced: a
+/// position lost in a power cut only makes the next start resend what the
+/// collector already has, which it drops, while a sync per acknowledgement
+/// would double the agent's disk writes.
+fn write_acked(dir: &Path, seq: u64) -> Result<(), SpoolError> {
+    let tmp = dir.join(format!("{ACKED_FILE}.tmp"));
+    fs::write(&tmp, format!("{seq}\n")).map_err(err(&tmp))?;
+    let path = dir.join(ACKED_FILE);
+    fs::rename(&tmp, &path).map_err(err(&path))
 }
 
 fn segment_path(dir: &Path, first_seq: u64) -> PathBuf {
@@ -404,6 +464,66 @@ mod tests {
         let spool = Spool::open(dir.path(), 1 << 20).unwrap();
         assert_eq!(spool.next_seq(), 5);
         assert!(spool.is_empty());
+    }
+
+    #[test]
+    fn a_start_after_everything_was_acknowledged_has_nothing_pending() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spool = Spool::open(dir.path(), 1 << 20).unwrap();
+        for seq in 1..=5 {
+            spool.append(&batch(seq)).unwrap();
+        }
+        spool.acknowledge(5).unwrap();
+        // The segment being written stays on disk, acknowledged.
+        assert!(segment_path(dir.path(), 1).exists());
+        drop(spool);
+
+        let spool = Spool::open(dir.path(), 1 << 20).unwrap();
+        assert_eq!(spool.len(), 0);
+        assert_eq!(spool.first_seq(), None);
+        assert_eq!(spool.next_seq(), 6);
+        assert!(spool.read_from(0, 10).unwrap().is_empty());
+        assert!(!segment_path(dir.path(), 1).exists());
+        assert_eq!(
+            fs::read_to_string(dir.path().join(ACKED_FILE)).unwrap(),
+            "5\n"
+        );
+    }
+
+    #[test]
+    fn a_partly_acknowledged_spool_resends_only_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut spool = Spool::open(dir.path(), 1 << 20).unwrap();
+        for seq in 1..=5 {
+            spool.append(&batch(seq)).unwrap();
+        }
+        spool.acknowledge(3).unwrap();
+        drop(spool);
+
+        let mut spool = Spool::open(dir.path(), 1 << 20).unwrap();
+        assert_eq!(spool.len(), 2);
+        assert_eq!(seqs(&spool.read_from(0, 10).unwrap()), [4, 5]);
+        // This run's batches start at 6; 4 and 5 are an earlier run's.
+        spool.append(&batch(6)).unwrap();
+        assert_eq!(spool.len(), 3);
+        assert_eq!(spool.len_before(6), 2);
+        spool.acknowledge(4).unwrap();
+        assert_eq!(spool.len_before(6), 1);
+        assert_eq!(spool.len(), 2);
+    }
+
+    #[test]
+    fn numbers_continue_past_the_acknowledged_position_without_segments() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join(ACKED_FILE), "41\n").unwrap();
+        let spool = Spool::open(dir.path(), 1 << 20).unwrap();
+        assert_eq!(spool.next_seq(), 42);
+        assert!(spool.is_empty());
+        fs::write(dir.path().join(ACKED_FILE), "garbage").unwrap();
+        drop(spool);
+        // A damaged position is ignored: the segments say where to go on.
+        let spool = Spool::open(dir.path(), 1 << 20).unwrap();
+        assert_eq!(spool.next_seq(), 42);
     }
 
     #[test]

@@ -1,11 +1,17 @@
+use std::process::ExitCode;
+
 use anyhow::Context;
 use clap::Parser;
 use gputel_collector::clock::Clock;
 use gputel_collector::config::{Cli, Command, Compact, Config, ImportJobs, JobReport, WalCommand};
 use gputel_collector::{compact, import, report, store, wal};
 
+fn main() -> ExitCode {
+    gputel_runtime::report::exit("gputel-collector", run().map_err(Into::into))
+}
+
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn run() -> anyhow::Result<()> {
     let mut cli = Cli::parse();
     match cli.command.take() {
         Some(Command::ImportJobs(args)) => return import_jobs(args).await,

@@ -1,7 +1,7 @@
 -- How are SM activity, GPU memory, power and temperature distributed over
 -- the fleet's GPUs?
 --
---   duckdb -c ".read schemas/sql/views.sql" -c ".read schemas/sql/gpu_cdf.sql"
+--   scripts/duckdb -c ".read schemas/sql/views.sql" -c ".read schemas/sql/gpu_cdf.sql"
 --
 -- The CDFs as a table: one row per percentile, 0 to 100 in steps of 5. Every
 -- gpu row (one GPU at one tick) is one point, busy or idle; a row whose metric

@@ -2,7 +2,7 @@
 -- fail or are cancelled?
 --
 --   gputel-collector import-jobs --format sacct jobs.txt --store gputel-data  # or --format acme
---   duckdb -c ".read schemas/sql/views.sql" -c ".read schemas/sql/gpu_time_share.sql"
+--   scripts/duckdb -c ".read schemas/sql/views.sql" -c ".read schemas/sql/gpu_time_share.sql"
 --
 -- GPU time is measured, not taken from the trace: each gpu row with a job_id
 -- is one GPU held by that job for one sampling interval, so a job's GPU time

@@ -1,6 +1,6 @@
 -- How often are the InfiniBand ports idle?
 --
---   duckdb -c ".read schemas/sql/views.sql" -c ".read schemas/sql/ib_idle_share.sql"
+--   scripts/duckdb -c ".read schemas/sql/views.sql" -c ".read schemas/sql/ib_idle_share.sql"
 --
 -- A port-tick is one ib row: one ACTIVE port at one tick. It is idle when the
 -- port moved less than 1 MB/s in both directions together

@@ -1,6 +1,6 @@
 -- How much power do idle GPUs draw, and what share of the energy is that?
 --
---   duckdb -c ".read schemas/sql/views.sql" -c ".read schemas/sql/idle_gpu_power.sql"
+--   scripts/duckdb -c ".read schemas/sql/views.sql" -c ".read schemas/sql/idle_gpu_power.sql"
 --
 -- Every gpu row (one GPU at one tick) falls in one state:
 --   unallocated         no job and no Kubernetes pod on the GPU (job_count = 0,

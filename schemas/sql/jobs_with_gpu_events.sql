@@ -1,7 +1,7 @@
 -- Which jobs ran on a GPU that threw an XID error, overheated or hit its power
 -- limit while they ran?
 --
---   duckdb -c ".read schemas/sql/views.sql" -c ".read schemas/sql/jobs_with_gpu_events.sql"
+--   scripts/duckdb -c ".read schemas/sql/views.sql" -c ".read schemas/sql/jobs_with_gpu_events.sql"
 --
 -- Every event row (kinds: xid, gpu_lost, thermal_throttle, power_throttle; see
 -- README.md, `event`) goes to the job that held its GPU at that moment (view

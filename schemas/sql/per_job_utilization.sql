@@ -1,6 +1,6 @@
 -- How hard does each job use its GPUs?
 --
---   duckdb -c ".read schemas/sql/views.sql" -c ".read schemas/sql/per_job_utilization.sql"
+--   scripts/duckdb -c ".read schemas/sql/views.sql" -c ".read schemas/sql/per_job_utilization.sql"
 --
 -- One row per job and metric, over every GPU sample attributed to the job
 -- (gpu rows whose job_id is the job: the GPU was the job's alone at that tick;

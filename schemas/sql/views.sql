@@ -1,9 +1,9 @@
 -- gputel views: one view per table of a store, and the derived views the
 -- characterization queries share. Read it into a DuckDB session, then query:
 --
---   duckdb -c "SET VARIABLE store = '/var/lib/gputel/data'" \
---          -c ".read schemas/sql/views.sql" \
---          -c "FROM jobs_observed"
+--   scripts/duckdb -c "SET VARIABLE store = '/var/lib/gputel/data'" \
+--                  -c ".read schemas/sql/views.sql" \
+--                  -c "FROM jobs_observed"
 --
 -- `store` is the store's directory (default: gputel-data, the collector's
 -- default). The views take it from getvariable('store') when they are queried;
@@ -34,6 +34,10 @@ CREATE OR REPLACE MACRO gputel_files(tbl) AS getvariable('store') || '/' || tbl 
 
 -- union_by_name: files written before a column was added lack it, and
 -- DuckDB would otherwise take the first file's columns for all of them.
+-- hive_types: the partition columns' types are declared, not guessed;
+-- guessed, `hour` is text when any hour read is zero-padded (hour=05) and a
+-- number when all are 10 to 23, so a query's types would depend on the time
+-- of day.
 CREATE OR REPLACE MACRO gputel_scan(tbl) AS TABLE
     FROM read_parquet(gputel_files(tbl), hive_partitioning = true, union_by_name = true,
                       hive_types = {'date': DATE, 'hour': INTEGER});

@@ -1,6 +1,6 @@
 -- How do XID failures split by cause, and which jobs did each kind hit?
 --
---   duckdb -c ".read schemas/sql/views.sql" -c ".read schemas/sql/xid_failures.sql"
+--   scripts/duckdb -c ".read schemas/sql/views.sql" -c ".read schemas/sql/xid_failures.sql"
 --
 -- Every XID event (view xid_event: the job that held its GPU, the XID
 -- catalogue's category) counted per category, then per job within it.

@@ -24,9 +24,12 @@ ensure_venv() {
   VENV_BIN="$venv/bin"
 }
 
-# Sets DUCKDB to the DuckDB CLI: one on PATH, else PyPI's duckdb-cli in the venv.
+# Sets DUCKDB to the DuckDB CLI: $GPUTEL_DUCKDB when it runs, else one on
+# PATH, else PyPI's duckdb-cli in the venv.
 ensure_duckdb() {
-  if command -v duckdb >/dev/null && duckdb -version >/dev/null 2>&1; then
+  if [[ -n ${GPUTEL_DUCKDB:-} ]] && "$GPUTEL_DUCKDB" -version >/dev/null 2>&1; then
+    DUCKDB=$GPUTEL_DUCKDB
+  elif command -v duckdb >/dev/null && duckdb -version >/dev/null 2>&1; then
     DUCKDB=$(command -v duckdb)
   else
     ensure_venv

@@ -12,6 +12,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
+pub mod demo;
+
 /// The workspace's root directory.
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -26,7 +28,7 @@ pub fn fixture(name: &str) -> PathBuf {
 }
 
 /// The directory holding the built programs: the test executable's grandparent.
-fn target_dir() -> PathBuf {
+pub fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     exe.parent()
         .and_then(Path::parent)
@@ -213,6 +215,13 @@ impl Running {
     /// Waits for the process to exit by itself; returns its output.
     pub fn wait(mut self, timeout: Duration) -> Output {
         self.wait_for_exit(timeout)
+    }
+
+    /// Waits for the process to exit by itself; returns its output and
+    /// every stderr line it wrote.
+    pub fn wait_with_log(mut self, timeout: Duration) -> (Output, Vec<String>) {
+        let out = self.wait_for_exit(timeout);
+        (out, std::mem::take(&mut self.log))
     }
 
     fn wait_for_exit(&mut self, timeout: Duration) -> Output {

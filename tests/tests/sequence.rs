@@ -7,7 +7,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gputel_agent::client::{self, Delivery, Identity, TableRows};
+use gputel_agent::client::{self, Delivery, Earlier, Identity, TableRows};
 use gputel_collector::ServeOptions;
 use gputel_collector::clock::Clock;
 use gputel_collector::memory::MemoryPlan;
@@ -124,6 +124,7 @@ async fn a_resent_number_with_other_content_is_rejected_and_the_agent_logs_why()
             dropped: 0,
             unacknowledged: 0,
             acknowledged_rows: TableRows::default(),
+            earlier: Earlier::default(),
         }
     );
     // The same batch again is a duplicate: acknowledged, not stored again.

@@ -1,6 +1,8 @@
 //! The agent's spool: batches sampled while the collector is away arrive
 //! exactly once when it is back, even across an agent restart; a full spool
-//! drops the oldest, says so, and the newest still arrive.
+//! drops the oldest, says so, and the newest still arrive; a clean stop
+//! leaves nothing pending for the next start, and each run's summary counts
+//! its own batches.
 
 use std::time::Duration;
 
@@ -26,6 +28,17 @@ fn agent_run(
     drain: &str,
     extra: &[&str],
 ) -> String {
+    agent_run_logged(spool, collector, ticks, drain, extra).0
+}
+
+/// As [`agent_run`]; returns the summary and the agent's log.
+fn agent_run_logged(
+    spool: &std::path::Path,
+    collector: &str,
+    ticks: u32,
+    drain: &str,
+    extra: &[&str],
+) -> (String, String) {
     let mut agent = fixture_agent("gpu-node-044");
     agent
         .args(["--collector", collector, "--interval", "50ms"])
@@ -33,10 +46,10 @@ fn agent_run(
         .arg("--spool-dir")
         .arg(spool)
         .args(extra);
-    let out = Running::spawn(agent).wait(Duration::from_secs(60));
+    let (out, log) = Running::spawn(agent).wait_with_log(Duration::from_secs(60));
     let summary = String::from_utf8_lossy(&out.stdout).trim().to_owned();
     assert!(out.status.success(), "agent failed: {summary}");
-    summary
+    (summary, log.join("\n"))
 }
 
 #[test]
@@ -52,10 +65,20 @@ fn an_outage_and_an_agent_restart_lose_and_double_nothing() {
     // The agent restarts (same spool) and the collector comes back.
     let store = tmp.path().join("store");
     let (collector, addr) = start_collector(&store, &["--flush-interval", "300ms"]);
-    let second = agent_run(&spool, &format!("http://{addr}"), 10, "20s", &[]);
+    let (second, log) = agent_run_logged(&spool, &format!("http://{addr}"), 10, "20s", &[]);
+    assert!(
+        log.contains(
+            "spool holds unacknowledged batches from before; they are sent first batches=15"
+        ),
+        "{log}"
+    );
+    // This run's ten, and the first run's fifteen apart.
     assert_eq!(field(&second, "batches"), 10, "{second}");
-    assert_eq!(field(&second, "acknowledged"), 25, "{second}");
+    assert_eq!(field(&second, "acknowledged"), 10, "{second}");
     assert_eq!(field(&second, "unacknowledged"), 0, "{second}");
+    assert_eq!(field(&second, "earlier_pending"), 15, "{second}");
+    assert_eq!(field(&second, "earlier_acknowledged"), 15, "{second}");
+    assert_eq!(field(&second, "earlier_unacknowledged"), 0, "{second}");
     assert!(
         collector
             .terminate(Duration::from_secs(30))
@@ -101,4 +124,40 @@ fn a_full_spool_drops_the_oldest_counts_it_and_the_newest_arrive() {
         duckdb_value(tmp.path(), &format!("select count(*) from {scan}")),
         json!(kept + 1)
     );
+}
+
+#[test]
+fn a_clean_stop_leaves_nothing_pending_and_each_run_counts_its_own() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let spool = tmp.path().join("spool");
+    let store = tmp.path().join("store");
+    let (collector, addr) = start_collector(&store, &["--flush-interval", "300ms"]);
+    let collector_url = format!("http://{addr}");
+
+    let (first, _) = agent_run_logged(&spool, &collector_url, 12, "20s", &[]);
+    assert_eq!(field(&first, "batches"), 12, "{first}");
+    assert_eq!(field(&first, "acknowledged"), 12, "{first}");
+    assert_eq!(field(&first, "unacknowledged"), 0, "{first}");
+
+    // Restarted on the same spool: the first run's batches were all
+    // delivered, so nothing is pending and nothing of them is counted again.
+    let (second, log) = agent_run_logged(&spool, &collector_url, 5, "20s", &[]);
+    assert!(!log.contains("spool holds unacknowledged"), "{log}");
+    assert!(
+        log.contains("connected") && log.contains(" pending=0"),
+        "{log}"
+    );
+    assert_eq!(
+        second,
+        "ticks=5 batches=5 acknowledged=5 rejected=0 dropped=0 unacknowledged=0 \
+         acknowledged_rows: gpu=40 node=5 ib=20"
+    );
+    // Its numbers went on from the first run's: the collector stored both.
+    assert!(
+        collector
+            .terminate(Duration::from_secs(30))
+            .status
+            .success()
+    );
+    assert_gpu_rows_exactly_once(tmp.path(), &store, 17 * 8);
 }
