@@ -5,6 +5,7 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use gputel_proto::v1::telemetry_server::Telemetry;
 use gputel_proto::v1::{Ack, Reject, Welcome};
 use gputel_proto::wire::{Census, Kind, RawAgentMessage, census};
@@ -184,8 +185,9 @@ struct Session {
 
 /// What came off a stream.
 enum Received {
-    /// A decoded message, with the memory granted to it until it is dropped.
-    Message(AgentMessage, OwnedSemaphorePermit),
+    /// A decoded message and its bytes, with the memory granted to both
+    /// until they are dropped.
+    Message(AgentMessage, Bytes, OwnedSemaphorePermit),
     /// A message larger, decoded, than one message may be.
     TooLarge(Census),
     /// The agent ended its stream.
@@ -207,6 +209,7 @@ impl Session {
                 AgentMessage {
                     kind: Some(agent_message::Kind::Hello(hello)),
                 },
+                _raw,
                 _memory,
             )) => hello,
             Ok(Received::End | Received::Closed) => return,
@@ -275,9 +278,15 @@ impl Session {
                     AgentMessage {
                         kind: Some(agent_message::Kind::Batch(batch)),
                     },
+                    raw,
                     _memory,
                 ) => {
-                    if let Err(status) = self.on_batch(&hello.node, &hello.agent_id, &batch).await {
+                    // The batch's bytes as sent, logged as they came.
+                    let encoded = gputel_proto::wire::single_field(&raw, 2);
+                    if let Err(status) = self
+                        .on_batch(&hello.node, &hello.agent_id, &batch, encoded)
+                        .await
+                    {
                         self.fail(status).await;
                         break;
                     }
@@ -362,8 +371,8 @@ impl Session {
                 }
             }
         };
-        match AgentMessage::decode(raw) {
-            Ok(message) => Received::Message(message, memory),
+        match AgentMessage::decode(raw.clone()) {
+            Ok(message) => Received::Message(message, raw, memory),
             Err(e) => Received::Failed(Status::invalid_argument(format!("malformed message: {e}"))),
         }
     }
@@ -385,6 +394,7 @@ impl Session {
         node: &str,
         agent_id: &str,
         batch: &gputel_proto::Batch,
+        encoded: Option<&[u8]>,
     ) -> Result<(), Status> {
         let shared = &self.shared;
         if shared.is_draining() {
@@ -401,7 +411,7 @@ impl Session {
                 return Ok(());
             }
         };
-        match shared.accept(node, agent_id, valid) {
+        match shared.accept(node, agent_id, valid, encoded) {
             Ok(Accepted::New) => {}
             Ok(Accepted::Duplicate(durable)) => {
                 debug!(node, agent_id, seq = batch.seq, "duplicate batch dropped");

@@ -30,7 +30,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use gputel_proto::{AlertRow, Batch, NodeEvent, WalRecord, WalState};
+use gputel_proto::{AlertRow, NodeEvent, WalRecord, WalState};
 use gputel_runtime::framing;
 use prost::Message;
 use prost::encoding::{WireType, encode_key, encode_varint};
@@ -100,6 +100,9 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> WalError + '_ {
 pub struct Replayed {
     /// Every record, in the order written.
     pub records: Vec<WalRecord>,
+    /// Each record's [`batch_fingerprint`], of its batch's bytes as
+    /// logged; None for records without a batch.
+    pub fingerprints: Vec<Option<u64>>,
     /// The segments they came from; delete them once the records are stored.
     pub segments: Vec<u64>,
     /// Torn records dropped from the end of the last segment.
@@ -210,7 +213,7 @@ impl Wal {
             let last = i + 1 == segments.len();
             let path = segment_path(dir, segment);
             let bytes = fs::read(&path).map_err(io(&path))?;
-            let scan = scan_segment(&bytes, &mut replayed.records);
+            let scan = scan_segment(&bytes, &mut replayed.records, &mut replayed.fingerprints);
             for damage in &scan.damaged {
                 quarantine(dir, segment, &bytes, damage)?;
                 tracing::error!(
@@ -351,28 +354,22 @@ impl Wal {
         self.min_free = bytes;
     }
 
-    /// Appends an agent's batch as a record (without copying the batch);
-    /// durable only after the next sync, which the caller then reports with
-    /// [`Wal::note_durable`]. Returns the batch's [`batch_fingerprint`],
-    /// taken from the bytes written.
+    /// Appends an agent's batch, given as its encoding (the bytes the agent
+    /// sent, or [`Batch::encode_to_vec`]), as a record; durable only after
+    /// the next sync, which the caller then reports with
+    /// [`Wal::note_durable`].
     pub fn append_batch(
         &mut self,
         agent_id: &str,
         node: &str,
-        batch: &Batch,
-    ) -> Result<u64, WalError> {
-        let len = batch.encoded_len();
-        let mut payload = Vec::with_capacity(len + agent_id.len() + node.len() + 16);
-        for (tag, bytes) in [(1, agent_id.as_bytes()), (2, node.as_bytes())] {
+        batch: &[u8],
+    ) -> Result<(), WalError> {
+        let mut payload = Vec::with_capacity(batch.len() + agent_id.len() + node.len() + 16);
+        for (tag, bytes) in [(1, agent_id.as_bytes()), (2, node.as_bytes()), (3, batch)] {
             encode_key(tag, WireType::LengthDelimited, &mut payload);
             encode_varint(bytes.len() as u64, &mut payload);
             payload.extend_from_slice(bytes);
         }
-        encode_key(3, WireType::LengthDelimited, &mut payload);
-        encode_varint(len as u64, &mut payload);
-        let start = payload.len();
-        batch.encode_raw(&mut payload);
-        let fingerprint = XxHash64::oneshot(0, &payload[start..]);
         if self.min_free > 0 {
             let (free, _) = volume_space(&self.dir)?;
             let needed = payload.len() as u64 + framing::HEADER_BYTES as u64;
@@ -384,8 +381,7 @@ impl Wal {
                 });
             }
         }
-        self.append_payload(&payload)?;
-        Ok(fingerprint)
+        self.append_payload(&payload)
     }
 
     /// Appends alert rows the collector raised itself as one record; durable
@@ -536,8 +532,8 @@ impl Wal {
 
 /// A batch's content as a number, to tell a resent batch from a different
 /// one under the same sequence number: xxh64 of its protobuf encoding.
-pub fn batch_fingerprint(batch: &Batch) -> u64 {
-    XxHash64::oneshot(0, &batch.encode_to_vec())
+pub fn batch_fingerprint(encoded: &[u8]) -> u64 {
+    XxHash64::oneshot(0, encoded)
 }
 
 fn segment_path(dir: &Path, segment: u64) -> PathBuf {
@@ -609,7 +605,7 @@ pub fn check(dir: &Path) -> Result<CheckReport, WalError> {
     for (i, &segment) in segments.iter().enumerate() {
         let path = segment_path(dir, segment);
         let bytes = fs::read(&path).map_err(io(&path))?;
-        let scan = scan_segment(&bytes, &mut Vec::new());
+        let scan = scan_segment(&bytes, &mut Vec::new(), &mut Vec::new());
         records += scan.records;
         let mut line = format!(
             "{}: {} records, {} bytes",
@@ -676,16 +672,29 @@ pub struct SegmentScan {
     pub tail: Option<Stretch>,
 }
 
-/// Reads one segment's intact records into `out`. At a record that is not
-/// intact, looks for the next one that is: found, the stretch between is
-/// damage in the middle; not found, it is the segment's tail.
-pub fn scan_segment(bytes: &[u8], out: &mut Vec<WalRecord>) -> SegmentScan {
+/// Reads one segment's intact records into `out`, and the fingerprint of
+/// each one's batch into `fingerprints`. At a record that is not intact,
+/// looks for the next one that is: found, the stretch between is damage in
+/// the middle; not found, it is the segment's tail.
+pub fn scan_segment(
+    bytes: &[u8],
+    out: &mut Vec<WalRecord>,
+    fingerprints: &mut Vec<Option<u64>>,
+) -> SegmentScan {
     let mut scan = SegmentScan::default();
     let mut offset = 0usize;
     while offset < bytes.len() {
         let reason = match framing::next_record(&bytes[offset..]) {
             Ok(Some((payload, used))) => match WalRecord::decode(payload) {
                 Ok(record) => {
+                    // The batch's bytes as they were logged (field 3).
+                    fingerprints.push(
+                        record
+                            .batch
+                            .as_ref()
+                            .and_then(|_| gputel_proto::wire::single_field(payload, 3))
+                            .map(batch_fingerprint),
+                    );
                     out.push(record);
                     scan.records += 1;
                     offset += used;
@@ -828,7 +837,7 @@ mod tests {
     /// Appends as the collector does, through `append_batch`.
     fn append(wal: &mut Wal, record: &WalRecord) -> Result<(), WalError> {
         let batch = record.batch.as_ref().expect("test records carry a batch");
-        wal.append_batch(&record.agent_id, &record.node, batch)
+        wal.append_batch(&record.agent_id, &record.node, &batch.encode_to_vec())
             .map(|_| ())
     }
 
@@ -913,20 +922,28 @@ mod tests {
         assert_eq!(wal.owners().len(), 1);
     }
 
-    /// The fingerprint `append_batch` returns is the one `batch_fingerprint`
-    /// gives the same batch (a resend is compared with it), and differs for
-    /// different content under the same sequence number.
+    /// A batch is logged as the bytes it was given (an agent's own encoding,
+    /// unknown fields and all), and replay fingerprints those bytes, so a
+    /// resend after a restart compares equal to what was logged.
     #[test]
-    fn append_returns_the_batch_fingerprint() {
+    fn a_batch_is_logged_as_given_and_fingerprinted_as_logged() {
         let dir = tempfile::tempdir().unwrap();
         let (mut wal, _) = Wal::open(dir.path()).unwrap();
         let first = record("a", 3);
-        let batch = first.batch.as_ref().unwrap();
-        let appended = wal.append_batch("a", "n1", batch).unwrap();
-        assert_eq!(appended, batch_fingerprint(batch));
-        let mut other = batch.clone();
-        other.node[0].cpu_count = 9;
-        assert_ne!(batch_fingerprint(&other), appended);
+        let mut sent = first.batch.as_ref().unwrap().encode_to_vec();
+        // Field 99, unknown to this version: kept in the log.
+        sent.extend_from_slice(&[0x98, 0x06, 0x01]);
+        wal.append_batch("a", "n1", &sent).unwrap();
+        wal.sync().unwrap();
+        drop(wal);
+        let (_, replayed) = Wal::open(dir.path()).unwrap();
+        assert_eq!(replayed.records.len(), 1);
+        assert_eq!(replayed.records[0].batch, first.batch);
+        assert_eq!(replayed.fingerprints, [Some(batch_fingerprint(&sent))]);
+        assert_ne!(
+            batch_fingerprint(&sent),
+            batch_fingerprint(&first.batch.unwrap().encode_to_vec())
+        );
     }
 
     /// Only what the caller reported synced is saved as durable: a record

@@ -6,6 +6,7 @@
 //! [`crate::silence`]) which nodes it hears from. The gRPC sessions
 //! (`ingest`) call it; the flush loop takes what it holds.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -13,6 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use gputel_proto::{Batch, EventKind, GpuEvent, GpuSample, NodeEvent};
+use prost::Message as _;
 use tokio::sync::{Notify, mpsc, watch};
 use tracing::{debug, error, info, warn};
 
@@ -293,8 +295,8 @@ impl AgentState {
 
     /// Checks a batch's sequence number: Ok(true) when it is new, Ok(false)
     /// for a resend of what was received (same content), else why not.
-    fn check_seq(&self, batch: &Batch) -> Result<bool, SequenceError> {
-        let (seq, received) = (batch.seq, self.received);
+    fn check_seq(&self, seq: u64, fingerprint: u64) -> Result<bool, SequenceError> {
+        let received = self.received;
         if seq == u64::MAX {
             return Err(SequenceError::Last { seq, received });
         }
@@ -306,7 +308,7 @@ impl AgentState {
             };
         }
         match self.recent.iter().find(|(s, _)| *s == seq) {
-            Some((_, fingerprint)) if *fingerprint == batch_fingerprint(batch) => Ok(false),
+            Some((_, logged)) if *logged == fingerprint => Ok(false),
             Some(_) => Err(SequenceError::Conflict {
                 seq,
                 durable: self.durable,
@@ -392,9 +394,11 @@ impl WritePath {
             agents.insert(id.clone(), agent);
         }
         // What the log still holds can be compared with a resend.
-        for record in &replayed.records {
-            if let (Some(batch), Some(agent)) = (&record.batch, agents.get_mut(&record.agent_id)) {
-                agent.remember(batch.seq, batch_fingerprint(batch));
+        for (record, fingerprint) in replayed.records.iter().zip(&replayed.fingerprints) {
+            if let (Some(batch), Some(fingerprint), Some(agent)) =
+                (&record.batch, fingerprint, agents.get_mut(&record.agent_id))
+            {
+                agent.remember(batch.seq, *fingerprint);
             }
         }
         let stats = Stats::default();
@@ -889,13 +893,23 @@ impl WritePath {
 
     /// Takes in a validated batch of `agent_id` from `node`: dedupe, the
     /// agent's rate, the bound on unwritten rows, then the log and the buffer.
+    ///
+    /// `encoded` is the batch as the agent sent it, when the message held it
+    /// once: it is logged as it came, without encoding the decoded batch
+    /// again, and fingerprinted as logged.
     pub fn accept(
         &self,
         node: &str,
         agent_id: &str,
         valid: ValidBatch<'_>,
+        encoded: Option<&[u8]>,
     ) -> Result<Accepted, Refused> {
         let batch = valid.get();
+        let encoded = match encoded {
+            Some(bytes) => Cow::Borrowed(bytes),
+            None => Cow::Owned(batch.encode_to_vec()),
+        };
+        let fingerprint = batch_fingerprint(&encoded);
         let rows = crate::validate::row_count(batch);
         let (duplicate_of_durable, full) = {
             let mut guard = self.lock();
@@ -903,7 +917,7 @@ impl WritePath {
             let agent = state.agents.entry(agent_id.to_owned()).or_default();
             let now_us = self.clock.now_us();
             agent.last_seen_us = now_us;
-            let new = agent.check_seq(batch)?;
+            let new = agent.check_seq(batch.seq, fingerprint)?;
             if new && !agent.take_allowance(rows, self.max_agent_rows_per_s, now_us) {
                 return Err(Refused::OverRate {
                     agent_id: agent_id.to_owned(),
@@ -922,17 +936,14 @@ impl WritePath {
                     max: self.max_unwritten_rows,
                 });
             } else {
-                let fingerprint = match state.wal.append_batch(agent_id, node, batch) {
-                    Ok(fingerprint) => fingerprint,
-                    Err(e) => {
-                        drop(guard);
-                        if e.is_low_space() {
-                            // Room comes back when a flush releases segments.
-                            self.flush_now.notify_one();
-                        }
-                        return Err(LogUnavailable(e).into());
+                if let Err(e) = state.wal.append_batch(agent_id, node, &encoded) {
+                    drop(guard);
+                    if e.is_low_space() {
+                        // Room comes back when a flush releases segments.
+                        self.flush_now.notify_one();
                     }
-                };
+                    return Err(LogUnavailable(e).into());
+                }
                 agent.received = batch.seq;
                 agent.remember(batch.seq, fingerprint);
                 state.buffer.append(node, valid);

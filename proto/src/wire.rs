@@ -237,6 +237,30 @@ fn count_field(mut message: &[u8], number: u32) -> Result<u64, Malformed> {
     Ok(n)
 }
 
+/// The bytes of field `number` of a message when it occurs exactly once,
+/// length-delimited: a batch's encoding inside the message that carried it,
+/// for instance, which the collector logs as received instead of encoding
+/// the decoded batch again. None when it is absent, repeated (prost would
+/// merge the occurrences) or not length-delimited, or the message is
+/// malformed.
+pub fn single_field(mut message: &[u8], number: u32) -> Option<&[u8]> {
+    let mut found = None;
+    while message.has_remaining() {
+        let (n, value) = field(&mut message).ok()?;
+        if n != number {
+            continue;
+        }
+        // Twice, or not length-delimited: not one field's bytes.
+        let Value::Bytes(bytes) = value else {
+            return None;
+        };
+        if found.replace(bytes).is_some() {
+            return None;
+        }
+    }
+    found
+}
+
 enum Value<'a> {
     Varint(u64),
     Fixed,
@@ -368,6 +392,22 @@ mod tests {
         let bound = census(&message).unwrap().decoded_bytes_bound();
         assert!(bound >= (rows * size_of::<GpuSample>()) as u64);
         assert!(bound <= (2 * rows * size_of::<GpuSample>() + 4 * message.len() + 1024) as u64);
+    }
+
+    #[test]
+    fn a_single_field_is_found_and_a_repeated_one_is_not() {
+        let inner = Batch {
+            seq: 3,
+            gpu: vec![GpuSample::default()],
+            ..Default::default()
+        };
+        let message = batch(inner.clone());
+        assert_eq!(single_field(&message, 2), Some(&inner.encode_to_vec()[..]));
+        assert_eq!(single_field(&message, 1), None);
+        let twice = [message.clone(), message].concat();
+        assert_eq!(single_field(&twice, 2), None);
+        // Field 2 as a varint.
+        assert_eq!(single_field(&[0x10, 0x01], 2), None);
     }
 
     #[test]
