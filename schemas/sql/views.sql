@@ -231,3 +231,71 @@ FROM (SELECT node, epoch_us(ts) - lag(epoch_us(ts)) OVER (PARTITION BY node ORDE
       FROM node)
 WHERE gap_us > 0
 GROUP BY node;
+
+-- Time weighting. A sample stands for the time until its device's next
+-- sample, so that a fleet mixing 1 s and 15 s agents weighs each GPU by the
+-- time it was observed, not by how often it was sampled. The rule is the
+-- per-job report's (`gputel-collector job`): each sample's weight is the gap
+-- to the same device's next sample, at most 3 × the device's median gap (a
+-- longer gap is an agent restart or an outage, not 10 minutes of the last
+-- reading); the device's last sample weighs its median gap. The median is
+-- the lower middle of an even count. A device sampled once weighs its node's
+-- sampling interval (sample_interval), or nothing when that is unknown.
+-- `weight_s` is that weight in seconds: sum(weight_s) is observed time, and
+-- sum(x * weight_s) / sum(weight_s) (over rows where x is not null) is x's
+-- time-weighted mean.
+CREATE OR REPLACE MACRO gputel_weight_s(next_gap_us, median_gap_us, fallback_us) AS
+    CASE WHEN next_gap_us IS NULL THEN coalesce(median_gap_us, fallback_us)
+         ELSE least(next_gap_us, 3 * median_gap_us)
+    END / 1e6;
+
+-- Every gpu row with its weight_s; a device is (node, gpu, MIG instance).
+CREATE OR REPLACE VIEW gpu_weighted AS
+WITH gaps AS (
+    SELECT *,
+           epoch_us(lead(ts) OVER device) - epoch_us(ts) AS next_gap_us
+    FROM gpu
+    WINDOW device AS (PARTITION BY node, gpu, gpu_instance_id, compute_instance_id ORDER BY ts)
+),
+medians AS (
+    SELECT *,
+           quantile_disc(next_gap_us, 0.5)
+               OVER (PARTITION BY node, gpu, gpu_instance_id, compute_instance_id)
+               AS median_gap_us
+    FROM gaps
+)
+SELECT m.* EXCLUDE (next_gap_us, median_gap_us),
+       gputel_weight_s(m.next_gap_us, m.median_gap_us, i.interval_us) AS weight_s
+FROM medians m
+LEFT JOIN sample_interval i USING (node);
+
+-- Every node row with its weight_s; a device is the node.
+CREATE OR REPLACE VIEW node_weighted AS
+WITH gaps AS (
+    SELECT *,
+           epoch_us(lead(ts) OVER (PARTITION BY node ORDER BY ts)) - epoch_us(ts) AS next_gap_us
+    FROM node
+)
+SELECT * EXCLUDE (next_gap_us),
+       gputel_weight_s(next_gap_us,
+                       quantile_disc(next_gap_us, 0.5) OVER (PARTITION BY node),
+                       NULL) AS weight_s
+FROM gaps;
+
+-- Every ib row with its weight_s; a device is (node, HCA, port).
+CREATE OR REPLACE VIEW ib_weighted AS
+WITH gaps AS (
+    SELECT *,
+           epoch_us(lead(ts) OVER device) - epoch_us(ts) AS next_gap_us
+    FROM ib
+    WINDOW device AS (PARTITION BY node, device, port ORDER BY ts)
+),
+medians AS (
+    SELECT *,
+           quantile_disc(next_gap_us, 0.5) OVER (PARTITION BY node, device, port) AS median_gap_us
+    FROM gaps
+)
+SELECT m.* EXCLUDE (next_gap_us, median_gap_us),
+       gputel_weight_s(m.next_gap_us, m.median_gap_us, i.interval_us) AS weight_s
+FROM medians m
+LEFT JOIN sample_interval i USING (node);

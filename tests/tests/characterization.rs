@@ -426,10 +426,14 @@ fn every_sql_file_has_a_checked_expectation() {
         })
         .filter(|name| name.ends_with(".sql"))
         .collect();
-    let checked: BTreeSet<String> = CHECKS.iter().map(|(f, _)| (*f).to_owned()).collect();
+    let checked: BTreeSet<String> = CHECKS
+        .iter()
+        .map(|(f, _)| (*f).to_owned())
+        .chain(MIXED_CHECKS.iter().map(|(f, _)| (*f).to_owned()))
+        .collect();
     assert_eq!(
         on_disk, checked,
-        "every schemas/sql/*.sql needs an entry in CHECKS, and every entry a file"
+        "every schemas/sql/*.sql needs an entry in CHECKS or MIXED_CHECKS, and every entry a file"
     );
 }
 
@@ -1062,5 +1066,267 @@ gpu_util_pct = 0
         "jobs_with_gpu_events after a lost GPU",
         rows,
         json!([row("gpu_lost", 0), row("xid", 79)]),
+    );
+}
+
+/// A store written directly (DuckDB's COPY, in the collector's layout) for
+/// the time-weighted queries: agents sampling every second and every 15 s,
+/// and a scheduler trace with round shares. GPUs (80 GiB, 700 W limit):
+/// n1's GPUs 0 and 1 run job a, 60 samples 1 s apart at 100 % (SM activity
+/// 80 %, occupancy 40 %, 40 and 60 GiB, 350 W, 60 °C, HBM 70 °C); n2's GPUs
+/// 0 and 1 run job b, 4 samples 15 s apart at 0 % (8 GiB, 70 W, 30 °C,
+/// HBM 40 °C). Each GPU is observed for 60 s: time-weighted, the fleet is
+/// 50 % utilized; counted by samples, it would be 120 / 128 = 93.75 %.
+const MIXED_STORE_SQL: &str = r#"
+COPY (
+    SELECT TIMESTAMPTZ '2026-11-02 08:00:00+00' + to_seconds(s * step) AS ts,
+           node, gpu, node || '-' || gpu AS uuid, util AS gpu_util_pct,
+           sm AS sm_active_pct, occ AS sm_occupancy_pct,
+           fb_gib * 2^30::BIGINT AS fb_used_bytes, 80 * 2^30::BIGINT AS fb_total_bytes,
+           power_w * 1000 AS power_mw, 700000 AS power_limit_mw,
+           temp AS temperature_c, temp + 10 AS memory_temperature_c,
+           job_id, NULL::INTEGER AS gpu_instance_id, NULL::INTEGER AS compute_instance_id,
+           DATE '2026-11-02' AS date, 8 AS hour
+    FROM (VALUES ('n1', 0, 1, 60, 100, 80.0, 40.0, 40, 350, 60, 'a'),
+                 ('n1', 1, 1, 60, 100, 80.0, 40.0, 60, 350, 60, 'a'),
+                 ('n2', 0, 15, 4, 0, 0.0, 0.0, 8, 70, 30, 'b'),
+                 ('n2', 1, 15, 4, 0, 0.0, 0.0, 8, 70, 30, 'b'))
+         AS t(node, gpu, step, n, util, sm, occ, fb_gib, power_w, temp, job_id),
+         range(n) AS r(s)
+) TO 'store/gpu' (FORMAT parquet, PARTITION_BY (date, hour));
+-- n1 every second for 60 s, 60 % busy, 25 % memory; n2 every 15 s, idle,
+-- with one 120 s gap before its last row (weighted 45 s: 3 × its median).
+COPY (
+    SELECT TIMESTAMPTZ '2026-11-02 08:00:00+00' + to_seconds(at_s) AS ts, node,
+           busy - 10 AS cpu_user_pct, 10 AS cpu_system_pct, 100 - busy AS cpu_idle_pct,
+           256 * 2^30::BIGINT AS memory_total_bytes, mem_gib * 2^30::BIGINT AS memory_used_bytes,
+           DATE '2026-11-02' AS date, 8 AS hour
+    FROM (SELECT 'n1' AS node, s AS at_s, 60 AS busy, 64 AS mem_gib FROM range(60) r(s)
+          UNION ALL
+          SELECT 'n2', at_s, 10, 0 FROM (VALUES (0), (15), (30), (45), (165)) v(at_s))
+) TO 'store/node' (FORMAT parquet, PARTITION_BY (date, hour));
+-- n1's HCA at 400 Gb/s, sending 25 GB/s (50 % of the link) for 60 s.
+COPY (
+    SELECT TIMESTAMPTZ '2026-11-02 08:00:00+00' + to_seconds(s) AS ts, 'n1' AS node,
+           'mlx5_0' AS device, 1 AS port, 'ACTIVE' AS state, 400.0 AS rate_gbps,
+           25e9 AS xmit_bytes_per_s, 5e9 AS rcv_bytes_per_s,
+           DATE '2026-11-02' AS date, 8 AS hour
+    FROM range(60) r(s)
+) TO 'store/ib' (FORMAT parquet, PARTITION_BY (date, hour));
+-- An application XID under job b; a hardware one under job d.
+COPY (
+    SELECT TIMESTAMPTZ '2026-11-02 08:00:20+00' AS ts, node, gpu, node || '-' || gpu AS uuid,
+           'xid' AS kind, code::BIGINT AS code, job_id, DATE '2026-11-02' AS date, 8 AS hour
+    FROM (VALUES ('n2', 0, 13, 'b'), ('n3', 0, 79, 'd')) v(node, gpu, code, job_id)
+) TO 'store/event' (FORMAT parquet, PARTITION_BY (date, hour));
+-- The trace: 1000 GPU-seconds, 600 of them job d's (FAILED, on no GPU of
+-- this store).
+COPY (
+    SELECT job_id, 'acme' AS source, state, job_type,
+           TIMESTAMPTZ '2026-11-02 07:00:00+00' AS submit_time,
+           TIMESTAMPTZ '2026-11-02 07:00:00+00' + to_seconds(queue_s) AS start_time,
+           TIMESTAMPTZ '2026-11-02 07:00:00+00' + to_seconds(queue_s + duration_s) AS end_time,
+           queue_s::BIGINT AS queue_s, duration_s::BIGINT AS duration_s, gpus,
+           (gpus * duration_s)::BIGINT AS gpu_time_s,
+           TIMESTAMPTZ '2026-11-03 00:00:00+00' AS imported_at, '2026-11' AS month
+    FROM (VALUES ('a', 'COMPLETED', 'Pretrain', 10, 100, 2),
+                 ('b', 'FAILED', 'Debug', 100, 50, 2),
+                 ('c', 'COMPLETED', 'Debug', 0, 100, 1),
+                 ('d', 'FAILED', 'Pretrain', 600, 75, 8))
+         AS t(job_id, state, job_type, queue_s, duration_s, gpus)
+) TO 'store/scheduler_job' (FORMAT parquet, PARTITION_BY (month));
+"#;
+
+/// What each time-weighted query must return on the mixed store.
+type MixedCheck = fn(&Path);
+const MIXED_CHECKS: &[(&str, MixedCheck)] = &[
+    ("fleet_cdf.sql", check_fleet_cdf),
+    ("utilization_by_job_type.sql", check_utilization_by_job_type),
+    (
+        "job_duration_vs_utilization.sql",
+        check_job_duration_vs_utilization,
+    ),
+    ("job_imbalance.sql", check_job_imbalance),
+    ("failure_share.sql", check_failure_share),
+    ("trace_job_types.sql", check_trace_job_types),
+    ("trace_job_cdf.sql", check_trace_job_cdf),
+];
+
+#[test]
+fn time_weighted_queries_answer_exactly_on_mixed_intervals() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir_all(tmp.path().join("store")).expect("mkdir store");
+    gputel_tests::duckdb(tmp.path(), MIXED_STORE_SQL);
+    let store = tmp.path().join("store");
+
+    // The weights: every GPU 60 s; n2's node rows 15 s each but the one
+    // before a 120 s gap, capped at 3 × its 15 s median.
+    assert_rows(
+        "weights",
+        query_store(
+            &store,
+            "views.sql",
+            "SELECT (SELECT list(s ORDER BY k) FROM (SELECT node || ':' || gpu AS k, sum(weight_s) AS s \
+                     FROM gpu_weighted GROUP BY k)) AS gpu_s, \
+                    (SELECT sum(gpu_util_pct * weight_s) / sum(weight_s) FROM gpu_weighted) AS util_mean, \
+                    (SELECT list(weight_s ORDER BY ts) FROM node_weighted WHERE node = 'n2') AS n2_s, \
+                    (SELECT sum(weight_s) FROM ib_weighted) AS ib_s",
+        ),
+        json!([{"gpu_s": [60, 60, 60, 60], "util_mean": 50, "n2_s": [15, 15, 15, 45, 15], "ib_s": 60}]),
+    );
+    for (file, check) in MIXED_CHECKS {
+        eprintln!("checking {file}");
+        check(&store);
+    }
+}
+
+/// `value(pct)` for pct 0, 5, ..., 100.
+fn by_pct(value: impl Fn(u64) -> Value) -> Vec<Value> {
+    (0..=100).step_by(5).map(value).collect()
+}
+
+fn check_fleet_cdf(store: &Path) {
+    // GPU metrics: half the GPU time on n2's idle GPUs, half on n1's busy
+    // ones (counted by samples, 120 of 128 would be busy: p10 would be 100).
+    // Memory shares: 10 % for 120 s, 50 % for 60 s, 75 % for 60 s. Host CPU
+    // and memory: n2 (10 %, 0 %) for 105 of 165 s (63.6 %), n1 (60 %, 25 %)
+    // for the rest. InfiniBand: 25 GB/s of 400 Gb/s sent, 5 GB/s received.
+    let want = by_pct(|p| {
+        let busy = p > 50;
+        let pick = |idle: f64, used: f64| if busy { used } else { idle };
+        let host = |idle: f64, used: f64| if p > 60 { used } else { idle };
+        json!({
+            "pct": p,
+            "gpu_util_pct": pick(0.0, 100.0),
+            "sm_active_pct": pick(0.0, 80.0),
+            "sm_occupancy_pct": pick(0.0, 40.0),
+            "gpu_mem_share_pct": if p <= 50 { 10.0 } else if p <= 75 { 50.0 } else { 75.0 },
+            "power_share_pct": pick(10.0, 50.0),
+            "temperature_c": pick(30.0, 60.0),
+            "memory_temperature_c": pick(40.0, 70.0),
+            "cpu_busy_pct": host(10.0, 60.0),
+            "host_mem_share_pct": host(0.0, 25.0),
+            "ib_xmit_share_pct": 50.0,
+            "ib_rcv_share_pct": 10.0,
+        })
+    });
+    assert_rows(
+        "fleet_cdf",
+        query_store(store, "fleet_cdf.sql", ""),
+        Value::Array(want),
+    );
+}
+
+fn check_utilization_by_job_type(store: &Path) {
+    // 120 GPU-seconds each: 1/30 h.
+    assert_rows(
+        "utilization_by_job_type",
+        query_store(store, "utilization_by_job_type.sql", ""),
+        json!([
+            {"job_type": "Debug", "jobs": 1, "gpu_hours": 0.0333, "gpu_util_mean_pct": 0,
+             "sm_active_mean_pct": 0, "idle_share_pct": 100},
+            {"job_type": "Pretrain", "jobs": 1, "gpu_hours": 0.0333, "gpu_util_mean_pct": 100,
+             "sm_active_mean_pct": 80, "idle_share_pct": 0},
+        ]),
+    );
+}
+
+fn check_job_duration_vs_utilization(store: &Path) {
+    // Durations are the trace's; jobs c and d were on no GPU of the store.
+    assert_rows(
+        "job_duration_vs_utilization",
+        query_store(store, "job_duration_vs_utilization.sql", ""),
+        json!([
+            {"job_id": "a", "job_type": "Pretrain", "gpus": 2, "duration_s": 100,
+             "observed_gpu_s": 120, "gpu_util_mean_pct": 100, "sm_active_mean_pct": 80},
+            {"job_id": "b", "job_type": "Debug", "gpus": 2, "duration_s": 50,
+             "observed_gpu_s": 120, "gpu_util_mean_pct": 0, "sm_active_mean_pct": 0},
+        ]),
+    );
+}
+
+fn check_job_imbalance(store: &Path) {
+    // Job a: peaks of 40 and 60 of 80 GiB; job b: 8 and 8.
+    assert_rows(
+        "job_imbalance",
+        query_store(store, "job_imbalance.sql", ""),
+        json!([
+            {"job_id": "a", "gpus": 2, "mem_peak_min_pct": 50, "mem_peak_max_pct": 75,
+             "mem_imbalance_pct": 25, "idle_share_pct": 0},
+            {"job_id": "b", "gpus": 2, "mem_peak_min_pct": 10, "mem_peak_max_pct": 10,
+             "mem_imbalance_pct": 0, "idle_share_pct": 100},
+        ]),
+    );
+}
+
+fn check_failure_share(store: &Path) {
+    // GPU time: a 200, b 100, c 100, d 600 of 1000 GPU-seconds. An
+    // application XID (13) under b, a hardware one (79) under d.
+    let row = |grouping: &str, category: &str, jobs: u64, job_share: f64, gpu_share: f64| {
+        json!({"grouping": grouping, "category": category, "jobs": jobs,
+               "job_share_pct": job_share, "gpu_time_share_pct": gpu_share})
+    };
+    assert_rows(
+        "failure_share",
+        query_store(store, "failure_share.sql", ""),
+        json!([
+            row("xid_category", "hardware", 1, 25.0, 60.0),
+            row("xid_category", "application", 1, 25.0, 10.0),
+            row("state", "FAILED", 2, 50.0, 70.0),
+            row("state", "COMPLETED", 2, 50.0, 30.0),
+        ]),
+    );
+}
+
+fn check_trace_job_types(store: &Path) {
+    // Pretrain: a (2 GPUs, queue 10 s, 100 s) and d (8, 600 s, 75 s);
+    // Debug: b (2, 100 s, 50 s) and c (1, 0 s, 100 s).
+    let row = |t: &str, jobs: u64, shares: [f64; 2], gpus: [f64; 2], queue: [f64; 2], dur: f64| {
+        json!({"job_type": t, "jobs": jobs, "job_share_pct": shares[0],
+               "gpu_time_share_pct": shares[1], "gpus_mean": gpus[0], "gpus_p50": gpus[1],
+               "queue_p50_s": queue[0], "queue_p95_s": queue[1], "duration_p50_s": dur})
+    };
+    assert_rows(
+        "trace_job_types",
+        query_store(store, "trace_job_types.sql", ""),
+        json!([
+            row(
+                "Pretrain",
+                2,
+                [50.0, 80.0],
+                [5.0, 5.0],
+                [305.0, 570.5],
+                87.5
+            ),
+            row("Debug", 2, [50.0, 20.0], [1.5, 1.5], [50.0, 95.0], 75.0),
+            // Queues 0, 10, 100, 600: p95 interpolates 100 + 0.85 × 500.
+            row("all", 4, [100.0, 100.0], [3.25, 2.0], [55.0, 525.0], 87.5),
+        ]),
+    );
+}
+
+fn check_trace_job_cdf(store: &Path) {
+    // Durations 50, 75, 100, 100; queues 0, 10, 100, 600; GPUs 1, 2, 2, 8,
+    // by GPU time 100 s of 1 GPU, 300 s of 2, 600 s of 8.
+    let step = |p: u64, steps: &[(u64, f64)]| {
+        steps
+            .iter()
+            .find(|(upto, _)| p <= *upto)
+            .map(|(_, v)| *v)
+            .expect("a step for every pct")
+    };
+    let want = by_pct(|p| {
+        json!({
+            "pct": p,
+            "duration_s": step(p, &[(25, 50.0), (50, 75.0), (100, 100.0)]),
+            "queue_s": step(p, &[(25, 0.0), (50, 10.0), (75, 100.0), (100, 600.0)]),
+            "gpus_by_jobs": step(p, &[(25, 1.0), (75, 2.0), (100, 8.0)]),
+            "gpus_by_gpu_time": step(p, &[(10, 1.0), (40, 2.0), (100, 8.0)]),
+        })
+    });
+    assert_rows(
+        "trace_job_cdf",
+        query_store(store, "trace_job_cdf.sql", ""),
+        Value::Array(want),
     );
 }
