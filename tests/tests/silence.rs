@@ -337,6 +337,9 @@ fn a_collector_restart_is_no_silence_and_a_clean_stop_is_one() {
     let stopped = Instant::now();
     let silent = second.wait_for_log("node silent", Duration::from_secs(30));
     assert!(stopped.elapsed() >= Duration::from_secs(2), "{silent}");
+    // The line is logged as the event is handed to the log; it is in a
+    // segment (written, which a SIGKILL does not undo) an instant later.
+    wait_for_logged(&wal_dir_of(&store), b"its agent closed its stream");
     let killed = second.signal("KILL", Duration::from_secs(10));
     assert!(!killed.status.success());
 
@@ -363,6 +366,29 @@ fn a_collector_restart_is_no_silence_and_a_clean_stop_is_one() {
     );
     // Nothing the agent sent was lost or doubled through both kills.
     assert_gpu_rows_exactly_once(dir.path(), &store, TICKS * 8);
+}
+
+/// Waits until a segment of the write-ahead log in `wal` holds `needle`.
+fn wait_for_logged(wal: &Path, needle: &[u8]) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let logged = std::fs::read_dir(wal)
+            .expect("the log directory")
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
+            .filter_map(|e| std::fs::read(e.path()).ok())
+            .any(|bytes| bytes.windows(needle.len()).any(|w| w == needle));
+        if logged {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no log segment in {} holds {:?} within 10 s",
+            wal.display(),
+            String::from_utf8_lossy(needle)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Runs `sql` after `.read schemas/sql/views.sql` on `store`, from the
