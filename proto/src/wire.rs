@@ -168,7 +168,7 @@ pub fn census(message: &[u8]) -> Result<Census, Malformed> {
         match field(&mut buf)? {
             (1, Value::Bytes(hello)) => {
                 census.kind = Kind::Hello;
-                census.strings += count_strings(hello)?;
+                census.strings += count_strings(hello, None)?.0;
             }
             (2, Value::Bytes(batch)) => count_batch(batch, &mut census)?,
             (1 | 2, _) => return Err(malformed("the message's kind is not length-delimited")),
@@ -196,45 +196,41 @@ fn count_batch(mut batch: &[u8], census: &mut Census) -> Result<(), Malformed> {
             (1..=6, _) => return Err(malformed("a batch field has the wrong wire type")),
             _ => continue,
         };
+        // A node row's jobs (field 13) are a list: each entry is a slot of
+        // its `Vec` as well as a string.
+        let list = (number == 3).then_some(13);
+        let (strings, entries) = count_strings(row, list)?;
+        census.strings += strings;
+        census.list_strings += entries;
         match number {
             2 => census.gpu += 1,
-            3 => {
-                census.node += 1;
-                census.list_strings += count_field(row, 13)?;
-            }
+            3 => census.node += 1,
             4 => census.ib += 1,
             5 => census.event += 1,
             _ => census.gpu_process += 1,
         }
-        census.strings += count_strings(row)?;
     }
     census.kind = Kind::Batch { seq };
     Ok(())
 }
 
 /// Non-empty length-delimited fields of a message whose length-delimited
-/// fields are all strings (every row type and the hello).
-fn count_strings(mut message: &[u8]) -> Result<u64, Malformed> {
-    let mut n = 0;
+/// fields are all strings (every row type and the hello), and the
+/// occurrences of field `list` among them, in one pass.
+fn count_strings(mut message: &[u8], list: Option<u32>) -> Result<(u64, u64), Malformed> {
+    let (mut strings, mut entries) = (0, 0);
     while message.has_remaining() {
-        if let (_, Value::Bytes(b)) = field(&mut message)?
+        let (number, value) = field(&mut message)?;
+        if Some(number) == list {
+            entries += 1;
+        }
+        if let Value::Bytes(b) = value
             && !b.is_empty()
         {
-            n += 1;
+            strings += 1;
         }
     }
-    Ok(n)
-}
-
-/// Occurrences of field `number` in a message.
-fn count_field(mut message: &[u8], number: u32) -> Result<u64, Malformed> {
-    let mut n = 0;
-    while message.has_remaining() {
-        if field(&mut message)?.0 == number {
-            n += 1;
-        }
-    }
-    Ok(n)
+    Ok((strings, entries))
 }
 
 /// The bytes of field `number` of a message when it occurs exactly once,
