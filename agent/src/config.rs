@@ -360,6 +360,15 @@ fn read_file(path: &Path) -> Result<Settings, ConfigError> {
 mod tests {
     use super::*;
 
+    /// The configuration of `gputel-agent --plaintext --node n ARGS`, or
+    /// the words of why not (from the command line or the file).
+    fn load(args: &[&str]) -> Result<Config, String> {
+        let mut argv = vec!["gputel-agent", "--plaintext", "--node", "n"];
+        argv.extend_from_slice(args);
+        Config::load(&Cli::try_parse_from(argv).map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())
+    }
+
     #[test]
     fn flags_override_file_and_file_overrides_defaults() {
         let dir = tempfile::tempdir().unwrap();
@@ -433,12 +442,6 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("agent.toml");
         let file = path.to_str().unwrap();
-        let load = |args: &[&str]| {
-            let mut argv = vec!["gputel-agent", "--plaintext", "--node", "n"];
-            argv.extend_from_slice(args);
-            Config::load(&Cli::try_parse_from(argv).map_err(|e| e.to_string())?)
-                .map_err(|e| e.to_string())
-        };
         assert_eq!(
             load(&[]).unwrap().metrics_hostname_label,
             HostnameLabel::Lower
@@ -538,12 +541,6 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("agent.toml");
         let file = path.to_str().unwrap();
-        let load = |args: &[&str]| {
-            let mut argv = vec!["gputel-agent", "--plaintext", "--node", "n"];
-            argv.extend_from_slice(args);
-            Config::load(&Cli::try_parse_from(argv).map_err(|e| e.to_string())?)
-                .map_err(|e| e.to_string())
-        };
         let defaults = load(&[]).unwrap();
         assert_eq!(defaults.profiling_source, Profiling::Auto);
         assert_eq!(defaults.dcgm_host, DcgmHost::Tcp("127.0.0.1:5555".into()));
