@@ -59,6 +59,7 @@ pub enum Command {
     ImportJobs(ImportJobs),
     Compact(Compact),
     Job(JobReport),
+    Report(FleetReport),
     /// Inspects or repairs the write-ahead log.
     #[command(subcommand)]
     Wal(WalCommand),
@@ -256,6 +257,73 @@ impl ImportJobs {
             None => Settings::default(),
         };
         Ok(file.store.unwrap_or_else(|| DEFAULT_STORE.to_owned()))
+    }
+}
+
+/// `gputel-collector report`.
+#[derive(Debug, Args)]
+#[command(
+    about = "Writes the fleet's characterization figures (CDFs of utilization, SM activity, memory, power, temperature, host and InfiniBand load; idle power; jobs; XIDs; throttling) as one offline HTML page",
+    long_about = "Writes one self-contained HTML page (inline SVG, no script, nothing \
+                  fetched) with the figures of the Acme study's infrastructure and failure \
+                  analysis that the store supports: time-weighted CDFs of GPU utilization, SM \
+                  activity, occupancy and tensor activity, GPU memory and power as shares of \
+                  capacity and limit, GPU and memory temperature, host CPU and memory, \
+                  InfiniBand send and receive as shares of the link rate; the power of idle \
+                  GPUs; utilization by job type; job duration against utilization; per-job \
+                  memory imbalance and idle time; XIDs by category; throttled time per GPU. \
+                  Each figure has a one-line reading and the shipped SQL (schemas/sql/) that \
+                  computes the same numbers in DuckDB.\n\n\
+                  Reads the store in process, one hour at a time and only the columns the \
+                  figures need; a directory or an s3:// store alike. Each sample counts for the \
+                  time to its device's next sample (at most 3 median intervals), so agents \
+                  sampling every 1 s and every 15 s add up right.\n\n\
+                  Exit status: 0 with a report written; 1 when the store holds nothing to draw \
+                  (said on stderr); 2 when the store cannot be read or the page not written."
+)]
+pub struct FleetReport {
+    /// The store: a directory or an object store URL (file://, s3://)
+    /// [default: the store in --config, else ./gputel-data].
+    #[arg(long, value_name = "DIR|URL")]
+    pub store: Option<String>,
+    /// The collector's TOML configuration file, for the store and S3 settings.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Where to write the page.
+    #[arg(long, value_name = "FILE", default_value = "gputel-report.html")]
+    pub out: PathBuf,
+    /// Average each device's samples over windows of this length before the CDFs,
+    /// as the study plots (15s); without it every sample counts as recorded.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub resample: Option<std::time::Duration>,
+    /// Also write the CDFs in the study's layout: 1000 quantile points per metric
+    /// (CSV: metric,quantile,value).
+    #[arg(long, value_name = "FILE")]
+    pub cdf_csv: Option<PathBuf>,
+    /// Also print the report's numbers as one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Only samples from this time on (RFC 3339, e.g. 2026-05-01T00:00:00Z).
+    #[arg(long, value_name = "TIME")]
+    pub from: Option<chrono::DateTime<chrono::Utc>>,
+    /// Only samples up to this time (RFC 3339).
+    #[arg(long, value_name = "TIME")]
+    pub to: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl FleetReport {
+    /// Store and S3 settings: the flag over the `--config` file over the default.
+    pub fn resolve(&self) -> Result<(String, S3Options), ConfigError> {
+        let file = match &self.config {
+            Some(path) => read_file(path)?,
+            None => Settings::default(),
+        };
+        let store = self
+            .store
+            .clone()
+            .or(file.store.clone())
+            .unwrap_or_else(|| DEFAULT_STORE.to_owned());
+        Ok((store, file.s3_options()))
     }
 }
 

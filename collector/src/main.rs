@@ -3,7 +3,9 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 use gputel_collector::clock::Clock;
-use gputel_collector::config::{Cli, Command, Compact, Config, ImportJobs, JobReport, WalCommand};
+use gputel_collector::config::{
+    Cli, Command, Compact, Config, FleetReport, ImportJobs, JobReport, WalCommand,
+};
 use gputel_collector::{compact, import, report, store, wal};
 
 fn main() -> ExitCode {
@@ -17,6 +19,7 @@ async fn run() -> anyhow::Result<()> {
         Some(Command::ImportJobs(args)) => return import_jobs(args).await,
         Some(Command::Compact(args)) => return compact(args).await,
         Some(Command::Job(args)) => std::process::exit(job_report(args).await),
+        Some(Command::Report(args)) => std::process::exit(fleet_report(args).await),
         Some(Command::Wal(WalCommand::Check(args))) => {
             let dir = args.resolve()?;
             let report = wal::check(&dir)?;
@@ -166,4 +169,87 @@ async fn job_report_outcome(args: &JobReport) -> anyhow::Result<report::Outcome>
                 args.job_id
             )
         })
+}
+
+/// `gputel-collector report`: the page written, one line on stdout; exit
+/// status 0, 1 when the store holds nothing to draw, 2 on an error.
+async fn fleet_report(args: FleetReport) -> i32 {
+    match fleet_report_outcome(&args).await {
+        Ok(Ok(line)) => {
+            println!("{line}");
+            0
+        }
+        Ok(Err(why)) => {
+            eprintln!("{why}");
+            1
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            2
+        }
+    }
+}
+
+async fn fleet_report_outcome(args: &FleetReport) -> anyhow::Result<Result<String, String>> {
+    use report::fleet;
+    let (store_spec, s3) = args.resolve()?;
+    if !store_spec.contains("://") && !std::path::Path::new(&store_spec).is_dir() {
+        anyhow::bail!("there is no store at {store_spec}: no such directory (give --store)");
+    }
+    let store = store::open_store(&store_spec, &s3)?;
+    let resample_us = match args.resample {
+        Some(d) if d.as_micros() == 0 => anyhow::bail!("--resample must be longer than 0"),
+        Some(d) => Some(i64::try_from(d.as_micros()).context("--resample is too long")?),
+        None => None,
+    };
+    let options = fleet::Options {
+        window: fleet::Window {
+            from_us: args.from.map(|t| t.timestamp_micros()),
+            to_us: args.to.map(|t| t.timestamp_micros()),
+        },
+        resample_us,
+    };
+    let fleet = match fleet::fleet(store.objects, &store_spec, options)
+        .await
+        .with_context(|| format!("cannot make the report of {store_spec}"))?
+    {
+        Ok(fleet) => fleet,
+        Err(why) => return Ok(Err(why)),
+    };
+    let figures = fleet::html::figures(&fleet);
+    let page = fleet::html::page(&fleet, &figures);
+    write_file(&args.out, page.as_bytes())?;
+    if let Some(path) = &args.cdf_csv {
+        write_file(path, fleet::cdf_csv(&fleet).as_bytes())?;
+    }
+    if args.json {
+        println!("{}", serde_json::to_string(&fleet).context("cannot write the report as JSON")?);
+    }
+    Ok(Ok(format!(
+        "wrote {}: {} figures from {} GPU samples of {} GPUs on {} nodes ({}); open it in a browser",
+        args.out.display(),
+        figures.len(),
+        fleet.gpu_rows,
+        fleet.gpus,
+        fleet.nodes,
+        match (&fleet.first_ts, &fleet.last_ts) {
+            (Some(a), Some(b)) => format!("{a} to {b}"),
+            _ => "no GPU samples".into(),
+        }
+    )))
+}
+
+/// Writes a whole file through a temporary sibling, so a reader never sees half of it.
+fn write_file(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    std::io::Write::write_all(&mut tmp, bytes)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    tmp.persist(path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
 }

@@ -19,6 +19,7 @@
 pub mod column;
 mod partition;
 pub mod scheduler_job;
+pub mod sql;
 mod tables;
 pub mod xid;
 

@@ -8,6 +8,7 @@
 //! columns a figure needs, and the job's rows. Figures are time-weighted
 //! (see [`summary`]), so fleets mixing 1 s and 15 s agents add up right.
 
+pub mod fleet;
 mod read;
 pub mod render;
 pub mod summary;

@@ -345,6 +345,73 @@ pub async fn job_rows(
     })
 }
 
+/// Every row of one Parquet file, with `columns` (those the file has; a
+/// column a file predates is absent from its batches).
+pub async fn all_rows(
+    store: Arc<dyn ObjectStore>,
+    file: &ObjectMeta,
+    columns: &[&str],
+) -> Result<FileRows, ReportError> {
+    let path = file.location.to_string();
+    let decode = |source| ReportError::Decode {
+        path: path.clone(),
+        source,
+    };
+    let reader = StoreFile {
+        store,
+        path: file.location.clone(),
+        size: file.size,
+    };
+    let builder = ParquetRecordBatchStreamBuilder::new(reader)
+        .await
+        .map_err(decode)?;
+    let row_groups = builder.metadata().num_row_groups() as u64;
+    let projection = ProjectionMask::columns(builder.parquet_schema(), columns.iter().copied());
+    let batches: Vec<RecordBatch> = builder
+        .with_projection(projection)
+        .with_batch_size(8192)
+        .build()
+        .map_err(decode)?
+        .try_collect()
+        .await
+        .map_err(decode)?;
+    Ok(FileRows {
+        batches,
+        row_groups,
+        row_groups_read: row_groups,
+    })
+}
+
+/// Reads whole `files` a few at a time, in order; counts into `stats`.
+pub async fn all_rows_of(
+    store: &Arc<dyn ObjectStore>,
+    files: &[ObjectMeta],
+    columns: &[&str],
+    stats: &mut ReadStats,
+) -> Result<Vec<RecordBatch>, ReportError> {
+    const AT_ONCE: usize = 4;
+    let read: Vec<(u64, FileRows)> = futures::stream::iter(files.iter().cloned())
+        .map(|file| {
+            let store = Arc::clone(store);
+            async move {
+                let rows = all_rows(store, &file, columns).await?;
+                Ok::<_, ReportError>((file.size, rows))
+            }
+        })
+        .buffered(AT_ONCE)
+        .try_collect()
+        .await?;
+    let mut out = Vec::new();
+    for (size, rows) in read {
+        stats.files += 1;
+        stats.file_bytes += size;
+        stats.row_groups += rows.row_groups;
+        stats.row_groups_read += rows.row_groups_read;
+        out.extend(rows.batches);
+    }
+    Ok(out)
+}
+
 /// Reads `files` a few at a time (S3 answers in tens of milliseconds per
 /// request), keeping the job's rows; counts into `stats`.
 pub async fn job_rows_of(

@@ -1,0 +1,78 @@
+//! The imported scheduler trace (`import-jobs`), one record per job: the
+//! scheduler_job_latest view of schemas/sql/views.sql.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use object_store::ObjectStore;
+
+use super::super::ReportError;
+use super::super::read::{ReadStats, all_rows_of, list};
+use super::scan::Col;
+
+/// One job of the trace.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TraceJob {
+    pub source: Option<String>,
+    pub job_type: Option<String>,
+    pub state: Option<String>,
+    pub duration_s: Option<f64>,
+    pub queue_s: Option<f64>,
+    pub gpus: Option<i64>,
+    pub gpu_time_s: Option<f64>,
+}
+
+const COLUMNS: [&str; 9] = [
+    "job_id",
+    "source",
+    "job_type",
+    "state",
+    "duration_s",
+    "queue_s",
+    "gpus",
+    "gpu_time_s",
+    "imported_at",
+];
+
+/// Every job of the trace by id: the latest import of it (then the first
+/// source by name, then the file whose name sorts last), as the views pick.
+pub async fn latest(
+    store: &Arc<dyn ObjectStore>,
+    stats: &mut ReadStats,
+) -> Result<HashMap<String, TraceJob>, ReportError> {
+    let mut files = list(store.as_ref(), gputel_schemas::scheduler_job::NAME).await?;
+    files.retain(|f| f.location.as_ref().ends_with(".parquet"));
+    // Later files first: of equal keys, the first seen is kept.
+    files.sort_by(|a, b| b.location.filename().cmp(&a.location.filename()));
+    let mut out: HashMap<String, (i64, Option<String>, TraceJob)> = HashMap::new();
+    for file in files {
+        let batches = all_rows_of(store, std::slice::from_ref(&file), &COLUMNS, stats).await?;
+        for batch in &batches {
+            let c: Vec<Col> = COLUMNS.iter().map(|n| Col::of(batch, n)).collect();
+            for row in 0..batch.num_rows() {
+                let Some(job_id) = c[0].text(row) else { continue };
+                let text = |i: usize| c[i].text(row).map(str::to_owned);
+                let imported = c[8].int(row).unwrap_or(i64::MIN);
+                let job = TraceJob {
+                    source: text(1),
+                    job_type: text(2),
+                    state: text(3),
+                    duration_s: c[4].num(row),
+                    queue_s: c[5].num(row),
+                    gpus: c[6].int(row),
+                    gpu_time_s: c[7].num(row),
+                };
+                let better = match out.get(job_id) {
+                    None => true,
+                    Some((at, source, _)) => {
+                        imported > *at || (imported == *at && job.source < *source)
+                    }
+                };
+                if better {
+                    out.insert(job_id.to_owned(), (imported, job.source.clone(), job));
+                }
+            }
+        }
+    }
+    Ok(out.into_iter().map(|(id, (_, _, job))| (id, job)).collect())
+}
