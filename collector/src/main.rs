@@ -223,7 +223,10 @@ async fn fleet_report_outcome(args: &FleetReport) -> anyhow::Result<Result<Strin
         write_file(path, fleet::cdf_csv(&fleet).as_bytes())?;
     }
     if args.json {
-        println!("{}", serde_json::to_string(&fleet).context("cannot write the report as JSON")?);
+        println!(
+            "{}",
+            serde_json::to_string(&fleet).context("cannot write the report as JSON")?
+        );
     }
     Ok(Ok(format!(
         "wrote {}: {} figures from {} GPU samples of {} GPUs on {} nodes ({}); open it in a browser",

@@ -6,7 +6,7 @@
 --
 --   scripts/duckdb -c ".read schemas/sql/views.sql" -c ".read schemas/sql/fleet_cdf.sql"
 --
--- One row per percentile, 0 to 100 in steps of 5. Time-weighted: every
+-- One row per percentile, 0 to 100 in steps of 5 (see cdf_points). Time-weighted: every
 -- sample counts for the time it stands for (weight_s of gpu_weighted,
 -- node_weighted, ib_weighted), so a GPU sampled every second and one sampled
 -- every 15 s count equally for equal time. The value at p is the smallest
@@ -23,9 +23,9 @@
 --   scripts/duckdb -c ".read schemas/sql/views.sql" -c "SET VARIABLE cdf_window_s = 15" \
 --                  -c ".read schemas/sql/fleet_cdf.sql"
 --
--- The study's published CDFs have 1000 points per metric: set cdf_points
--- (default 20, steps of 5 %) to 1000 for steps of 0.1 % (`gputel-collector
--- report --cdf-csv` writes the same layout from the store).
+-- The study's CDFs have 1000 points per metric: set cdf_points (default
+-- 21: 0 to 100 in steps of 5 %) to 1000 for numpy's linspace(0, 100, 1000)
+-- (`gputel-collector report --cdf-csv` writes the same points).
 --
 --   gpu_util_pct          NVML utilization, %
 --   sm_active_pct         SM activity, %
@@ -95,8 +95,8 @@ cumulative AS (
     FROM windows
 ),
 points AS (
-    SELECT 100 * i / coalesce(getvariable('cdf_points'), 20) AS pct
-    FROM range(0, coalesce(getvariable('cdf_points'), 20) + 1) r(i)
+    SELECT 100 * i / (coalesce(getvariable('cdf_points'), 21) - 1) AS pct
+    FROM range(0, coalesce(getvariable('cdf_points'), 21)) r(i)
 ),
 quantiles AS (
     SELECT pct, metric, min(value) AS value

@@ -23,7 +23,10 @@ impl Distribution {
         if !value.is_finite() || weight_s <= 0.0 {
             return;
         }
-        *self.cells.entry((value * 100.0).round() as i64).or_default() += weight_s;
+        *self
+            .cells
+            .entry((value * 100.0).round() as i64)
+            .or_default() += weight_s;
         self.total_s += weight_s;
     }
 
@@ -201,13 +204,10 @@ mod tests {
         // 1 s at 10 %, 15 s at 90 %: the 1 Hz sample is one 16th of the time.
         d.add(10.0, 1.0);
         d.add(90.0, 15.0);
-        assert_eq!(d.quantiles(&[0.0, 6.25, 6.3, 50.0, 100.0]), vec![
-            Some(10.0),
-            Some(10.0),
-            Some(90.0),
-            Some(90.0),
-            Some(90.0)
-        ]);
+        assert_eq!(
+            d.quantiles(&[0.0, 6.25, 6.3, 50.0, 100.0]),
+            vec![Some(10.0), Some(10.0), Some(90.0), Some(90.0), Some(90.0)]
+        );
         assert_eq!(d.mean(), Some((10.0 + 90.0 * 15.0) / 16.0));
         assert_eq!(d.share_below(50.0), Some(1.0 / 16.0));
     }
@@ -227,7 +227,12 @@ mod tests {
         let mut w = Windowed::new(Some(15_000_000));
         // Device 0: fifteen 1 s samples, 0 then 14 × 100; device 1: one 15 s sample of 50.
         for i in 0..15 {
-            w.add(0, i * 1_000_000, Some(if i == 0 { 0.0 } else { 100.0 }), 1.0);
+            w.add(
+                0,
+                i * 1_000_000,
+                Some(if i == 0 { 0.0 } else { 100.0 }),
+                1.0,
+            );
         }
         w.add(1, 0, Some(50.0), 15.0);
         w.add(0, 15_000_000, Some(10.0), 1.0);

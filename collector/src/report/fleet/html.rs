@@ -53,10 +53,7 @@ fn cdf_figure(fleet: &Fleet, id: &str, title: &str, columns: &[&str]) -> Option<
         ),
         _ => format!("{name}."),
     };
-    let labels: Vec<String> = curves
-        .iter()
-        .map(|(c, _)| metric(c).0.to_owned())
-        .collect();
+    let labels: Vec<String> = curves.iter().map(|(c, _)| metric(c).0.to_owned()).collect();
     let series: Vec<(&str, &[(f64, f64)])> = curves
         .iter()
         .zip(&labels)
@@ -71,7 +68,7 @@ fn cdf_figure(fleet: &Fleet, id: &str, title: &str, columns: &[&str]) -> Option<
         id: id.to_owned(),
         title: title.to_owned(),
         reading,
-        svg: svg::cdf(title, &x_title, &series),
+        svg: svg::cdf(title, &x_title, &series, unit == "%"),
         sql: "fleet_cdf.sql",
         sql_note: format!("columns {}", columns.join(", ")),
     })
@@ -88,7 +85,11 @@ pub fn figures(fleet: &Fleet) -> Vec<Figure> {
             &["sm_active_pct", "sm_occupancy_pct", "tensor_active_pct"],
         ),
         ("gpu_memory", "GPU memory used", &["gpu_mem_share_pct"]),
-        ("gpu_power_share", "GPU power, of the limit", &["power_share_pct"]),
+        (
+            "gpu_power_share",
+            "GPU power, of the limit",
+            &["power_share_pct"],
+        ),
         ("gpu_power", "GPU power", &["power_w"]),
         (
             "temperature",
@@ -133,7 +134,7 @@ pub fn figures(fleet: &Fleet) -> Vec<Figure> {
             } else {
                 format!("{}.", idle.join("; "))
             },
-            svg: svg::cdf("Power of idle GPUs", "GPU power (W)", &series),
+            svg: svg::cdf("Power of idle GPUs", "GPU power (W)", &series, false),
             sql: "idle_gpu_power.sql",
             sql_note: "rows of node '(all)'".into(),
         });
@@ -226,6 +227,7 @@ pub fn figures(fleet: &Fleet) -> Vec<Figure> {
                     ("memory imbalance (max − min peak)", &imbalance),
                     ("idle share (< 5 % utilization)", &idle),
                 ],
+                true,
             ),
             sql: "job_imbalance.sql",
             sql_note: "mem_imbalance_pct and idle_share_pct, as a CDF over jobs".into(),
@@ -311,7 +313,7 @@ pub fn page(fleet: &Fleet, figures: &[Figure]) -> String {
     };
     let _ = write!(
         out,
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"/>\
          <title>gputel report: {store}</title><style>{STYLE}</style></head><body>\
          <h1>gputel report</h1><p class=\"meta\">Store <code>{store}</code>, {span} \
          (UTC): {nodes} nodes, {gpus} GPUs, {rows} GPU samples; {resample}. Every quantity \

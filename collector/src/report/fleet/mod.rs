@@ -45,8 +45,16 @@ pub const CDF_METRICS: [(&str, &str, &str); 13] = [
     ("memory_temperature_c", "GPU memory temperature", "°C"),
     ("cpu_busy_pct", "Host CPU busy (user + system)", "%"),
     ("host_mem_share_pct", "Host memory used, of its total", "%"),
-    ("ib_xmit_share_pct", "InfiniBand send, of the link rate", "%"),
-    ("ib_rcv_share_pct", "InfiniBand receive, of the link rate", "%"),
+    (
+        "ib_xmit_share_pct",
+        "InfiniBand send, of the link rate",
+        "%",
+    ),
+    (
+        "ib_rcv_share_pct",
+        "InfiniBand receive, of the link rate",
+        "%",
+    ),
     ("power_w", "GPU power", "W"),
 ];
 const GPU_METRICS: usize = 8;
@@ -246,7 +254,12 @@ pub async fn fleet(
                 let c = |i: usize| r.batch.col(2 + i);
                 let busy = c(0).num(r.row).zip(c(1).num(r.row)).map(|(u, s)| u + s);
                 cpu.add(r.device, r.ts_us, busy, w);
-                host_mem.add(r.device, r.ts_us, share(c(2).num(r.row), c(3).num(r.row)), w);
+                host_mem.add(
+                    r.device,
+                    r.ts_us,
+                    share(c(2).num(r.row), c(3).num(r.row)),
+                    w,
+                );
             },
         )
         .await?;
@@ -400,7 +413,9 @@ struct GpuSums {
 impl GpuSums {
     fn new(resample_us: Option<i64>) -> Self {
         Self {
-            metrics: (0..=GPU_METRICS).map(|_| Windowed::new(resample_us)).collect(),
+            metrics: (0..=GPU_METRICS)
+                .map(|_| Windowed::new(resample_us))
+                .collect(),
             states: Default::default(),
             throttle: BTreeMap::new(),
             jobs: HashMap::new(),
@@ -653,7 +668,13 @@ async fn read_events(
                 job_id: c[5].text(row).map(str::to_owned),
             };
             // A flush file and its hour's compacted file may both be listed.
-            if seen.insert((ts_us, event.node.clone(), event.gpu, event.code, event.job_id.clone())) {
+            if seen.insert((
+                ts_us,
+                event.node.clone(),
+                event.gpu,
+                event.code,
+                event.job_id.clone(),
+            )) {
                 out.push(event);
             }
         }

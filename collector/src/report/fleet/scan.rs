@@ -541,14 +541,23 @@ mod tests {
         assert_eq!(median(&gaps(&[(5, 1)])), Some(5));
         assert_eq!(median(&gaps(&[(1, 1), (9, 1)])), Some(1));
         assert_eq!(median(&gaps(&[(1, 1), (2, 1), (9, 1)])), Some(2));
-        assert_eq!(median(&gaps(&[(1_000_000, 3599), (60_000_000, 1)])), Some(1_000_000));
+        assert_eq!(
+            median(&gaps(&[(1_000_000, 3599), (60_000_000, 1)])),
+            Some(1_000_000)
+        );
     }
 
     #[test]
     fn the_mode_of_a_node_prefers_the_commoner_then_the_shorter_gap() {
         let keys = [
-            Key { node: 0, parts: [None; 3] },
-            Key { node: 1, parts: [None; 3] },
+            Key {
+                node: 0,
+                parts: [None; 3],
+            },
+            Key {
+                node: 1,
+                parts: [None; 3],
+            },
         ];
         let gaps = [
             [(15, 3), (30, 5)].into_iter().collect(),

@@ -85,7 +85,10 @@ impl Frame {
     /// Grid, ticks and axis titles.
     fn axes(&self, out: &mut String, x_title: &str, y_title: &str, y_pct: bool) {
         let x_ticks = if self.log_x {
-            let (lo, hi) = (self.x.0.log10().floor() as i32, self.x.1.log10().ceil() as i32);
+            let (lo, hi) = (
+                self.x.0.log10().floor() as i32,
+                self.x.1.log10().ceil() as i32,
+            );
             (lo..=hi)
                 .map(|e| 10f64.powi(e))
                 .filter(|t| *t >= self.x.0 * 0.999 && *t <= self.x.1 * 1.001)
@@ -144,8 +147,9 @@ fn legend(out: &mut String, labels: &[&str]) {
     if labels.len() < 2 {
         return;
     }
+    // Bottom right: under a CDF's curves, which rise to the top right.
     for (i, label) in labels.iter().enumerate() {
-        let y = TOP + 14.0 + 16.0 * i as f64;
+        let y = H - BOTTOM - 8.0 - 16.0 * (labels.len() - 1 - i) as f64;
         let x = W - RIGHT - 190.0;
         let _ = write!(
             out,
@@ -162,7 +166,8 @@ fn legend(out: &mut String, labels: &[&str]) {
 
 /// A CDF per series: x the value, y the share of the time at or below it.
 /// Each series is (label, points of (value, share 0..1)), already sorted.
-pub fn cdf(title: &str, x_title: &str, series: &[(&str, &[(f64, f64)])]) -> String {
+/// With `pct`, the x axis runs from 0 to (at least) 100.
+pub fn cdf(title: &str, x_title: &str, series: &[(&str, &[(f64, f64)])], pct: bool) -> String {
     let values = series.iter().flat_map(|(_, p)| p.iter().map(|p| p.0));
     let (mut lo, mut hi) = values.fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
     if lo > hi {
@@ -171,6 +176,10 @@ pub fn cdf(title: &str, x_title: &str, series: &[(&str, &[(f64, f64)])]) -> Stri
     // Percent scales start at 0; others hug the data.
     if lo >= 0.0 && lo < hi * 0.5 {
         lo = 0.0;
+    }
+    if pct {
+        lo = lo.min(0.0);
+        hi = hi.max(100.0);
     }
     if hi <= lo {
         hi = lo + 1.0;
@@ -220,7 +229,9 @@ pub fn scatter(title: &str, x_title: &str, y_title: &str, points: &[(f64, f64)])
     } else {
         (
             10f64.powf(lo.log10().floor()),
-            10f64.powf(hi.log10().ceil()).max(10f64.powf(lo.log10().floor() + 1.0)),
+            10f64
+                .powf(hi.log10().ceil())
+                .max(10f64.powf(lo.log10().floor() + 1.0)),
         )
     };
     let frame = Frame {
@@ -252,7 +263,10 @@ pub fn bars(title: &str, x_title: &str, rows: &[(String, f64)], pct: bool) -> St
     let max = if pct {
         100.0
     } else {
-        rows.iter().map(|r| r.1).fold(0.0, f64::max).max(f64::EPSILON)
+        rows.iter()
+            .map(|r| r.1)
+            .fold(0.0, f64::max)
+            .max(f64::EPSILON)
     };
     let left = 170.0;
     let width = W - left - RIGHT - 50.0;
@@ -296,7 +310,8 @@ mod tests {
     #[test]
     fn ticks_are_round_and_cover_the_range() {
         assert_eq!(ticks(0.0, 100.0), vec![0.0, 20.0, 40.0, 60.0, 80.0, 100.0]);
-        assert_eq!(ticks(0.0, 1.0), vec![0.0, 0.2, 0.4, 0.6000000000000001, 0.8, 1.0]);
+        let labels: Vec<String> = ticks(0.0, 1.0).into_iter().map(number).collect();
+        assert_eq!(labels, ["0", "0.2", "0.4", "0.6", "0.8", "1"]);
         assert_eq!(ticks(31.0, 74.0), vec![40.0, 50.0, 60.0, 70.0]);
     }
 

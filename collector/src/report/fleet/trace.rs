@@ -50,7 +50,9 @@ pub async fn latest(
         for batch in &batches {
             let c: Vec<Col> = COLUMNS.iter().map(|n| Col::of(batch, n)).collect();
             for row in 0..batch.num_rows() {
-                let Some(job_id) = c[0].text(row) else { continue };
+                let Some(job_id) = c[0].text(row) else {
+                    continue;
+                };
                 let text = |i: usize| c[i].text(row).map(str::to_owned);
                 let imported = c[8].int(row).unwrap_or(i64::MIN);
                 let job = TraceJob {
