@@ -101,7 +101,9 @@ points AS (
 quantiles AS (
     SELECT pct, metric, min(value) AS value
     FROM points, cumulative
-    WHERE cum_s * 100 >= pct * total_s
+    -- A part in 10^9 of slack: float sums differ in their last bits with
+    -- the order they are added in, and an exact 50 % must count as 50 %.
+    WHERE cum_s * 100 >= pct * total_s * (1 - 1e-9)
     GROUP BY pct, metric
 )
 SELECT pct,

@@ -35,6 +35,8 @@ WITH samples AS (
     WHERE weight_s > 0
 ),
 -- Each power value's cumulative time within its (node, state) and overall.
+-- Sums of float weights differ in their last bits with the order they are
+-- added in, so "at least half" allows a part in 10^9: an exact half is half.
 cumulative AS (
     SELECT node, state, power_w, weight_s,
            sum(weight_s) OVER (PARTITION BY node, state ORDER BY power_w
@@ -60,12 +62,12 @@ grouped AS (
 medians AS (
     SELECT node, state, min(power_w) AS power_w_p50
     FROM cumulative
-    WHERE node_cum_s * 2 >= node_total_s
+    WHERE node_cum_s * 2 >= node_total_s * (1 - 1e-9)
     GROUP BY node, state
     UNION ALL
     SELECT '(all)', state, min(power_w)
     FROM cumulative
-    WHERE all_cum_s * 2 >= all_total_s
+    WHERE all_cum_s * 2 >= all_total_s * (1 - 1e-9)
     GROUP BY state
 )
 SELECT node,

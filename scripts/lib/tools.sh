@@ -241,3 +241,25 @@ ensure_node_exporter() {
   "$node_exporter" --version >/dev/null 2>&1 || die "node_exporter at $node_exporter does not run"
   export GPUTEL_NODE_EXPORTER="$node_exporter"
 }
+
+# Sets GPUTEL_CHROMIUM to a headless-capable Chromium: one on PATH, else
+# Debian's chromium package, installed as root (the report test opens the
+# fleet report in it).
+ensure_chromium() {
+  local chromium
+  chromium=$(command -v chromium || command -v chromium-browser || true)
+  if [[ -z $chromium ]]; then
+    if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+      say "installing Chromium (Debian package chromium)"
+      { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1 \
+        || { apt-get update -qq >/dev/null \
+             && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }; } \
+        || die "apt-get could not install the Debian package chromium; install Chromium and put chromium on PATH"
+      chromium=$(command -v chromium)
+    else
+      die "Chromium is missing: install it (Debian: apt-get install chromium) and put chromium on PATH"
+    fi
+  fi
+  "$chromium" --headless --no-sandbox --version >/dev/null 2>&1 || die "Chromium at $chromium does not run"
+  export GPUTEL_CHROMIUM="$chromium"
+}

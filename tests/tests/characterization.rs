@@ -675,14 +675,16 @@ fn check_gpu_cdf(s: &Store) {
 fn check_idle_gpu_power(s: &Store) {
     // Per tick, node A draws 650 + 600 + 500 + 400 + 550 + 450 + 90 + 70 =
     // 3310 W: 70 W unallocated (A7), 90 W allocated but idle (A6), 3150 W
-    // active. Node B: 680 + 300 = 980 W, all active.
+    // active. Node B: 680 + 300 = 980 W, all active. Every sample stands
+    // for the 0.1 s tick; p50 is the smallest power with half the time at
+    // or below it.
     let row = |node: &str,
                state: &str,
                samples: u64,
                share: f64,
                [mean, p50, max]: [f64; 3],
                energy: f64| {
-        json!({"node": node, "state": state, "samples": samples, "sample_share": share,
+        json!({"node": node, "state": state, "time_s": samples as f64 / 10.0, "time_share": share,
                "power_w_mean": mean, "power_w_p50": p50, "power_w_max": max, "energy_share": energy})
     };
     assert_rows(
@@ -705,13 +707,14 @@ fn check_idle_gpu_power(s: &Store) {
                 [90.0, 90.0, 90.0],
                 0.0272
             ),
-            // 650, 600, 500, 400, 550, 450: mean 525, median 525.
+            // 650, 600, 500, 400, 550, 450: mean 525, half the time at or
+            // below 500.
             row(
                 NODE_A,
                 "allocated, active",
                 6 * TICKS,
                 0.75,
-                [525.0, 525.0, 650.0],
+                [525.0, 500.0, 650.0],
                 0.9517
             ),
             row(
@@ -719,7 +722,7 @@ fn check_idle_gpu_power(s: &Store) {
                 "allocated, active",
                 2 * TICKS,
                 1.0,
-                [490.0, 490.0, 680.0],
+                [490.0, 300.0, 680.0],
                 1.0
             ),
             // 4290 W in all: 70 / 4290, 90 / 4290, 4130 / 4290.
@@ -739,13 +742,14 @@ fn check_idle_gpu_power(s: &Store) {
                 [90.0, 90.0, 90.0],
                 0.021
             ),
-            // 8 active GPUs: mean 4130 / 8 = 516.25, median (500 + 550) / 2.
+            // 8 active GPUs: mean 4130 / 8 = 516.25; 300, 400, 450, 500
+            // are half of them.
             row(
                 "(all)",
                 "allocated, active",
                 8 * TICKS,
                 0.8,
-                [516.25, 525.0, 680.0],
+                [516.25, 500.0, 680.0],
                 0.9627
             ),
         ]),
@@ -1082,10 +1086,15 @@ COPY (
     SELECT TIMESTAMPTZ '2026-11-02 08:00:00+00' + to_seconds(s * step) AS ts,
            node, gpu, node || '-' || gpu AS uuid, util AS gpu_util_pct,
            sm AS sm_active_pct, occ AS sm_occupancy_pct,
+           occ / 2 AS tensor_active_pct,
            fb_gib * 2^30::BIGINT AS fb_used_bytes, 80 * 2^30::BIGINT AS fb_total_bytes,
            power_w * 1000 AS power_mw, 700000 AS power_limit_mw,
            temp AS temperature_c, temp + 10 AS memory_temperature_c,
-           job_id, NULL::INTEGER AS gpu_instance_id, NULL::INTEGER AS compute_instance_id,
+           -- n1's GPU 1 is power-capped (0x4) on its first 30 samples.
+           CASE WHEN node = 'n1' AND gpu = 1 AND s < 30 THEN 4 ELSE 0 END::BIGINT
+               AS clock_event_reasons,
+           job_id, 1 AS job_count, NULL::VARCHAR AS pod_uid,
+           NULL::INTEGER AS gpu_instance_id, NULL::INTEGER AS compute_instance_id,
            DATE '2026-11-02' AS date, 8 AS hour
     FROM (VALUES ('n1', 0, 1, 60, 100, 80.0, 40.0, 40, 350, 60, 'a'),
                  ('n1', 1, 1, 60, 100, 80.0, 40.0, 60, 350, 60, 'a'),
@@ -1141,6 +1150,7 @@ COPY (
 type MixedCheck = fn(&Path);
 const MIXED_CHECKS: &[(&str, MixedCheck)] = &[
     ("fleet_cdf.sql", check_fleet_cdf),
+    ("throttle_time.sql", check_throttle_time),
     ("utilization_by_job_type.sql", check_utilization_by_job_type),
     (
         "job_duration_vs_utilization.sql",
@@ -1200,8 +1210,10 @@ fn check_fleet_cdf(store: &Path) {
             "gpu_util_pct": pick(0.0, 100.0),
             "sm_active_pct": pick(0.0, 80.0),
             "sm_occupancy_pct": pick(0.0, 40.0),
+            "tensor_active_pct": pick(0.0, 20.0),
             "gpu_mem_share_pct": if p <= 50 { 10.0 } else if p <= 75 { 50.0 } else { 75.0 },
             "power_share_pct": pick(10.0, 50.0),
+            "power_w": pick(70.0, 350.0),
             "temperature_c": pick(30.0, 60.0),
             "memory_temperature_c": pick(40.0, 70.0),
             "cpu_busy_pct": host(10.0, 60.0),
@@ -1214,6 +1226,24 @@ fn check_fleet_cdf(store: &Path) {
         "fleet_cdf",
         query_store(store, "fleet_cdf.sql", ""),
         Value::Array(want),
+    );
+}
+
+fn check_throttle_time(store: &Path) {
+    // 30 of n1 GPU 1's 60 s power-capped; nothing else throttled.
+    let gpu = |node: &str, gpu: u32, power_s: f64| {
+        json!({"node": node, "gpu": gpu, "time_s": 60, "thermal_s": 0, "power_s": power_s,
+               "hw_slowdown_s": 0, "throttled_s": power_s, "throttled_pct": power_s / 60.0 * 100.0})
+    };
+    assert_rows(
+        "throttle_time",
+        query_store(store, "throttle_time.sql", ""),
+        json!([
+            gpu("n1", 1, 30.0),
+            gpu("n1", 0, 0.0),
+            gpu("n2", 0, 0.0),
+            gpu("n2", 1, 0.0)
+        ]),
     );
 }
 

@@ -53,14 +53,15 @@ impl Distribution {
     }
 
     /// The values at each of `pcts` (0 to 100): the smallest value with at
-    /// least pct % of the time at or below it.
+    /// least pct % of the time at or below it, allowing a part in 10^9 for
+    /// the last bits of float sums (as the SQL does).
     pub fn quantiles(&self, pcts: &[f64]) -> Vec<Option<f64>> {
         let cumulative = self.cumulative();
         pcts.iter()
             .map(|&pct| {
                 cumulative
                     .iter()
-                    .find(|(_, cum)| cum * 100.0 >= pct * self.total_s * (1.0 - 1e-12))
+                    .find(|(_, cum)| cum * 100.0 >= pct * self.total_s * (1.0 - 1e-9))
                     .map(|(v, _)| *v)
             })
             .collect()
