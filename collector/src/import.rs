@@ -21,7 +21,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use arrow_array::builder::{
-    Int32Builder, Int64Builder, StringDictionaryBuilder, TimestampMicrosecondBuilder,
+    Float64Builder, Int32Builder, Int64Builder, StringDictionaryBuilder,
+    TimestampMicrosecondBuilder,
 };
 use arrow_array::types::Int32Type;
 use arrow_array::{ArrayRef, RecordBatch};
@@ -59,7 +60,7 @@ impl fmt::Display for Format {
 }
 
 /// One job of a trace: a `scheduler_job` row without `source` and `imported_at`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Job {
     pub job_id: String,
     pub user: Option<String>,
@@ -76,6 +77,15 @@ pub struct Job {
     pub cpus: Option<i32>,
     pub node_list: Option<String>,
     pub gpu_time_s: Option<i64>,
+    /// Kalos' `fail_time`: when the failure occurred.
+    pub fail_us: Option<i64>,
+    /// Kalos' `stop_time`: when the job was stopped.
+    pub stop_us: Option<i64>,
+    /// Kalos' `mem_per_pod_GB`: the memory configured for each pod, GB.
+    pub mem_per_pod_gb: Option<f64>,
+    /// Kalos' `shared_mem_per_pod`: the shared memory configured for each
+    /// pod, in the trace's unit (its README names none).
+    pub shared_mem_per_pod: Option<f64>,
 }
 
 /// A line that was not imported, and why.
@@ -238,6 +248,27 @@ fn locate<const N: usize>(header: &[&str], required: &[&str; N]) -> Result<[usiz
     }
 }
 
+/// Finds each of `optional` in `header`, ignoring ASCII case, where it is
+/// there at all: columns one layout of a format has and another lacks.
+fn locate_optional<const N: usize>(
+    header: &[&str],
+    optional: &[&str; N],
+) -> Result<[Option<usize>; N], String> {
+    let mut found = [None; N];
+    for (slot, name) in found.iter_mut().zip(optional) {
+        let mut at = header
+            .iter()
+            .enumerate()
+            .filter(|(_, h)| h.eq_ignore_ascii_case(name))
+            .map(|(i, _)| i);
+        *slot = at.next();
+        if slot.is_some() && at.next().is_some() {
+            return Err(format!("the header names column {name} twice"));
+        }
+    }
+    Ok(found)
+}
+
 /// A text value; empty means null.
 fn text(value: &str) -> Option<String> {
     let value = value.trim();
@@ -390,6 +421,19 @@ fn parse_seconds(column: &str, value: &str) -> Result<Option<i64>, String> {
     }
 }
 
+/// A non-negative quantity such as a memory size (`1000`, `100.0`); empty
+/// means null.
+fn parse_amount(column: &str, value: &str) -> Result<Option<f64>, String> {
+    let value = value.trim();
+    if value.is_empty() {
+        return Ok(None);
+    }
+    match value.parse::<f64>() {
+        Ok(f) if f.is_finite() && f >= 0.0 => Ok(Some(f)),
+        _ => Err(format!("{column} {value:?} is not a non-negative number")),
+    }
+}
+
 /// Whole seconds from `from` to `to`, when both are known and in order.
 fn span_s(from_us: Option<i64>, to_us: Option<i64>) -> Option<i64> {
     let span = to_us?.checked_sub(from_us?)?;
@@ -481,6 +525,9 @@ fn to_batch(jobs: &[&Job], format: Format, imported_at_us: i64) -> Result<Record
     let mut nodes = Int32Builder::with_capacity(jobs.len());
     let mut gpus = Int32Builder::with_capacity(jobs.len());
     let mut cpus = Int32Builder::with_capacity(jobs.len());
+    let (mut fail, mut stop) = (ts(), ts());
+    let mut mem_per_pod_gb = Float64Builder::with_capacity(jobs.len());
+    let mut shared_mem_per_pod = Float64Builder::with_capacity(jobs.len());
     for job in jobs {
         job_id.append_value(&job.job_id);
         source.append_value(format.name());
@@ -498,6 +545,10 @@ fn to_batch(jobs: &[&Job], format: Format, imported_at_us: i64) -> Result<Record
         cpus.append_option(job.cpus);
         node_list.append_option(job.node_list.as_deref());
         gpu_time_s.append_option(job.gpu_time_s);
+        fail.append_option(job.fail_us);
+        stop.append_option(job.stop_us);
+        mem_per_pod_gb.append_option(job.mem_per_pod_gb);
+        shared_mem_per_pod.append_option(job.shared_mem_per_pod);
         imported_at.append_value(imported_at_us);
     }
     let columns: Vec<ArrayRef> = vec![
@@ -517,6 +568,10 @@ fn to_batch(jobs: &[&Job], format: Format, imported_at_us: i64) -> Result<Record
         Arc::new(cpus.finish()),
         Arc::new(node_list.finish()),
         Arc::new(gpu_time_s.finish()),
+        Arc::new(fail.finish()),
+        Arc::new(stop.finish()),
+        Arc::new(mem_per_pod_gb.finish()),
+        Arc::new(shared_mem_per_pod.finish()),
         Arc::new(imported_at.finish()),
     ];
     RecordBatch::try_new(scheduler_job::scheduler_job_schema(), columns)
@@ -653,6 +708,27 @@ mod tests {
     }
 
     #[test]
+    fn amounts() {
+        assert_eq!(parse_amount("mem_per_pod_GB", "1000"), Ok(Some(1000.0)));
+        assert_eq!(parse_amount("mem_per_pod_GB", " 100.0 "), Ok(Some(100.0)));
+        assert_eq!(parse_amount("mem_per_pod_GB", "0.5"), Ok(Some(0.5)));
+        assert_eq!(parse_amount("mem_per_pod_GB", ""), Ok(None));
+        for bad in ["-1", "NaN", "inf", "1e999", "x", "16G"] {
+            assert!(parse_amount("mem_per_pod_GB", bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn optional_columns_are_found_where_present() {
+        let header = ["b", "FAIL_TIME", "a"];
+        assert_eq!(
+            locate_optional(&header, &["fail_time", "stop_time"]),
+            Ok([Some(1), None])
+        );
+        assert!(locate_optional(&["x", "X"], &["x"]).is_err());
+    }
+
+    #[test]
     fn header_columns_are_found_in_any_order() {
         let header = ["b", "extra", "A"];
         assert_eq!(locate(&header, &["a", "b"]), Ok([2, 0]));
@@ -712,10 +788,25 @@ mod tests {
             job_id: "1".into(),
             submit_us: Some(T),
             gpus: Some(8),
+            fail_us: Some(T + 1),
+            mem_per_pod_gb: Some(1000.0),
             ..Job::default()
         };
         let batch = to_batch(&[&job, &Job::default()], Format::Acme, T).unwrap();
         assert_eq!(batch.schema(), scheduler_job::scheduler_job_schema());
         assert_eq!(batch.num_rows(), 2);
+        let column = |name: &str| batch.column_by_name(name).expect(name).clone();
+        use arrow_array::Array;
+        use arrow_array::cast::AsArray;
+        use arrow_array::types::{Float64Type, TimestampMicrosecondType};
+        let fail = column(scheduler_job::col::FAIL_TIME);
+        assert_eq!(
+            fail.as_primitive::<TimestampMicrosecondType>().value(0),
+            T + 1
+        );
+        assert!(fail.is_null(1) && column(scheduler_job::col::STOP_TIME).is_null(0));
+        let mem = column(scheduler_job::col::MEM_PER_POD_GB);
+        assert_eq!(mem.as_primitive::<Float64Type>().value(0), 1000.0);
+        assert!(column(scheduler_job::col::SHARED_MEM_PER_POD).is_null(0));
     }
 }

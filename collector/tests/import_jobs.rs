@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use arrow_array::cast::AsArray;
-use arrow_array::types::{Int32Type, Int64Type, TimestampMicrosecondType};
+use arrow_array::types::{Float64Type, Int32Type, Int64Type, TimestampMicrosecondType};
 use arrow_array::{Array, ArrayRef};
 use arrow_schema::DataType;
 use chrono::{DateTime, FixedOffset};
@@ -95,6 +95,7 @@ fn cell(column: &ArrayRef, row: usize) -> String {
         }
         DataType::Int64 => column.as_primitive::<Int64Type>().value(row).to_string(),
         DataType::Int32 => column.as_primitive::<Int32Type>().value(row).to_string(),
+        DataType::Float64 => column.as_primitive::<Float64Type>().value(row).to_string(),
         other => panic!("unexpected column type {other}"),
     }
 }
@@ -175,23 +176,26 @@ fn stem_of(files: &[String], format: &str) -> String {
 }
 
 // job_id|source|user|queue|state|job_type|submit_time|start_time|end_time|
-// queue_s|duration_s|nodes|gpus|cpus|node_list|gpu_time_s, sorted by
-// submit_time then job_id. The cluster is at +08:00.
+// queue_s|duration_s|nodes|gpus|cpus|node_list|gpu_time_s|fail_time|
+// stop_time|mem_per_pod_gb|shared_mem_per_pod, sorted by submit_time then
+// job_id. The cluster is at +08:00. Neither sacct nor Seren's layout (that
+// of acme.csv) has the last four, Kalos' own columns.
 const SACCT_2024_02: &[&str] = &[
     // Submitted 2024-03-01T03:00 local: February in UTC. No GPUs allocated.
-    "4244+0|sacct|carol|debug|FAILED|null|2024-02-29T19:00:00Z|2024-02-29T19:00:05Z|2024-02-29T19:00:35Z|5|30|1|0|4|cpu-01|0",
+    "4244+0|sacct|carol|debug|FAILED|null|2024-02-29T19:00:00Z|2024-02-29T19:00:05Z|2024-02-29T19:00:35Z|5|30|1|0|4|cpu-01|0|null|null|null|null",
 ];
 const SACCT_2024_03: &[&str] = &[
-    "4242|sacct|alice|gpu|COMPLETED|null|2024-03-01T02:00:00Z|2024-03-01T02:05:00Z|2024-03-01T04:05:00Z|300|7200|1|8|64|gpu-01|57600",
-    "4245|sacct|alice|gpu|PENDING|null|2024-03-02T00:00:00Z|null|null|null|null|4|null|null|null|null",
+    "4242|sacct|alice|gpu|COMPLETED|null|2024-03-01T02:00:00Z|2024-03-01T02:05:00Z|2024-03-01T04:05:00Z|300|7200|1|8|64|gpu-01|57600|null|null|null|null",
+    "4245|sacct|alice|gpu|PENDING|null|2024-03-02T00:00:00Z|null|null|null|null|4|null|null|null|null|null|null|null|null",
     // gres/gpu:a100=4 and gres/gpu=4 are the same four GPUs.
-    "4246|sacct|dave|gpu|RUNNING|null|2024-03-02T01:00:00Z|2024-03-02T01:00:10Z|null|10|null|1|4|32|gpu-04|null",
-    "4251|sacct|heidi|gpu|PREEMPTED|null|2024-03-31T15:30:00Z|2024-03-31T15:40:00Z|2024-03-31T17:40:00Z|600|7200|1|8|64|gpu-07|57600",
+    "4246|sacct|dave|gpu|RUNNING|null|2024-03-02T01:00:00Z|2024-03-02T01:00:10Z|null|10|null|1|4|32|gpu-04|null|null|null|null|null",
+    "4251|sacct|heidi|gpu|PREEMPTED|null|2024-03-31T15:30:00Z|2024-03-31T15:40:00Z|2024-03-31T17:40:00Z|600|7200|1|8|64|gpu-07|57600|null|null|null|null",
     // Submitted 2024-04-01T05:00 local: still March in UTC. "CANCELLED by 1000".
-    "4243_7|sacct|bob|gpu|CANCELLED|null|2024-03-31T21:00:00Z|2024-03-31T21:00:30Z|2024-03-31T21:30:30Z|30|1800|2|16|128|gpu-[02-03]|28800",
+    "4243_7|sacct|bob|gpu|CANCELLED|null|2024-03-31T21:00:00Z|2024-03-31T21:00:30Z|2024-03-31T21:30:30Z|30|1800|2|16|128|gpu-[02-03]|28800|null|null|null|null",
 ];
-const SACCT_UNKNOWN: &[&str] =
-    &["4250|sacct|grace|gpu|NODE_FAIL|null|null|null|null|null|null|1|null|null|null|null"];
+const SACCT_UNKNOWN: &[&str] = &[
+    "4250|sacct|grace|gpu|NODE_FAIL|null|null|null|null|null|null|1|null|null|null|null|null|null|null|null",
+];
 
 const SACCT_SKIPPED: &[&str] = &[
     ":7: Submit: \"2024-13-01T00:00:00\" is not a date in the calendar",
@@ -202,20 +206,20 @@ const SACCT_SKIPPED: &[&str] = &[
 
 const ACME_2023_06: &[&str] = &[
     // 2023-07-01 07:59:30 at +08:00 is still June in UTC.
-    "6104411|acme|u1a2b|null|COMPLETED|Pretrain|2023-06-30T23:59:30Z|2023-07-01T00:00:00Z|2023-07-01T12:00:00Z|30|43200|4|32|512|null|1382400",
+    "6104411|acme|u1a2b|null|COMPLETED|Pretrain|2023-06-30T23:59:30Z|2023-07-01T00:00:00Z|2023-07-01T12:00:00Z|30|43200|4|32|512|null|1382400|null|null|null|null",
 ];
 const ACME_2023_07: &[&str] = &[
     // Written with +08:00 in the file.
-    "6104412|acme|u3c4d|null|FAILED|SFT|2023-07-01T01:15:00Z|2023-07-01T01:15:12Z|2023-07-01T01:17:12Z|12|120|1|8|128|null|960",
-    "6104413|acme|u5e6f|null|CANCELLED|Evaluation|2023-07-02T06:00:00Z|2023-07-02T06:20:00Z|2023-07-02T06:20:45Z|1200|45|1|1|16|null|45",
-    "6104414|acme|u5e6f|null|COMPLETED|Other|2023-07-02T07:00:00Z|2023-07-02T07:00:01Z|2023-07-02T07:00:31Z|1|30|1|0|4|null|0",
-    "6104415|acme|u7a8b|null|TIMEOUT|MLLM|2023-07-02T16:00:00Z|2023-07-02T16:05:00Z|2023-07-03T16:05:00Z|300|86400|2|16|256|null|1382400",
+    "6104412|acme|u3c4d|null|FAILED|SFT|2023-07-01T01:15:00Z|2023-07-01T01:15:12Z|2023-07-01T01:17:12Z|12|120|1|8|128|null|960|null|null|null|null",
+    "6104413|acme|u5e6f|null|CANCELLED|Evaluation|2023-07-02T06:00:00Z|2023-07-02T06:20:00Z|2023-07-02T06:20:45Z|1200|45|1|1|16|null|45|null|null|null|null",
+    "6104414|acme|u5e6f|null|COMPLETED|Other|2023-07-02T07:00:00Z|2023-07-02T07:00:01Z|2023-07-02T07:00:31Z|1|30|1|0|4|null|0|null|null|null|null",
+    "6104415|acme|u7a8b|null|TIMEOUT|MLLM|2023-07-02T16:00:00Z|2023-07-02T16:05:00Z|2023-07-03T16:05:00Z|300|86400|2|16|256|null|1382400|null|null|null|null",
     // 1800.0, 5.0 and 14400.0 seconds.
-    "6104416|acme|u1a2b|null|NODE_FAIL|Debug|2023-07-03T02:00:00Z|2023-07-03T02:00:05Z|2023-07-03T02:30:05Z|5|1800|1|8|128|null|14400",
+    "6104416|acme|u1a2b|null|NODE_FAIL|Debug|2023-07-03T02:00:00Z|2023-07-03T02:00:05Z|2023-07-03T02:30:05Z|5|1800|1|8|128|null|14400|null|null|null|null",
     // Quoted fields.
-    "6104420|acme|u2e3f|null|PREEMPTED|Evaluation|2023-07-05T04:00:00Z|2023-07-05T04:00:20Z|2023-07-05T04:10:20Z|20|600|1|4|64|null|2400",
+    "6104420|acme|u2e3f|null|PREEMPTED|Evaluation|2023-07-05T04:00:00Z|2023-07-05T04:00:20Z|2023-07-05T04:10:20Z|20|600|1|4|64|null|2400|null|null|null|null",
     // Cancelled in the queue: no start, no end, no queue time.
-    "6104421|acme|u2e3f|null|CANCELLED|SFT|2023-07-05T05:00:00Z|null|null|null|0|1|8|128|null|0",
+    "6104421|acme|u2e3f|null|CANCELLED|SFT|2023-07-05T05:00:00Z|null|null|null|0|1|8|128|null|0|null|null|null|null",
 ];
 
 const ACME_SKIPPED: &[&str] = &[
@@ -301,6 +305,39 @@ fn acme_rows_are_exact_and_in_utc() {
                 strings(ACME_2023_07)
             ),
         ])
+    );
+}
+
+/// The published examples of the AcmeTrace files (tests/fixtures/acme-trace,
+/// from the AcmeTrace README; origin and licence in tests/fixtures/README.md).
+fn acme_fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/fixtures/acme-trace")
+        .join(name)
+}
+
+#[test]
+fn the_published_layouts_keep_every_column() {
+    let store = tempfile::tempdir().unwrap();
+    // Both files name their zone: the offset given here changes nothing.
+    for name in ["trace_seren.csv", "trace_kalos.csv"] {
+        let (stdout, stderr) = import_ok("acme", &acme_fixture(name), store.path(), Some("+08:00"));
+        assert!(stdout.starts_with("imported 2 jobs"), "{stdout}");
+        assert_eq!(stderr, "");
+    }
+    let rows: Vec<String> = rows(store.path()).into_values().flatten().collect();
+    assert_eq!(
+        rows,
+        [
+            // Seren: 2023-03-01 00:18:22+08:00 is February in UTC. No Kalos columns.
+            "5778432|acme|u5907|null|FAILED|Other|2023-02-28T16:18:22Z|2023-02-28T16:18:54Z|2023-02-28T16:20:51Z|32|117|1|8|128|null|936|null|null|null|null",
+            "5778469|acme|u5907|null|COMPLETED|Other|2023-02-28T16:23:58Z|2023-02-28T16:24:11Z|2023-02-28T17:09:04Z|13|2693|1|8|128|null|21544|null|null|null|null",
+            // Kalos: the failed job's fail_time, the cancelled one's stop_time,
+            // 1000 GB and 100 of shared memory per pod. The trace's own
+            // duration is kept: 18 s, where end - start is 8 s.
+            "dlctk696s0jbvitv|acme|uf794|null|FAILED|Other|2023-05-17T11:00:58Z|2023-05-17T11:01:08Z|2023-05-17T11:01:16Z|10|18|8|64|960|null|1152|2023-05-17T11:01:16Z|null|1000|100",
+            "dlc1t2ypl09b8qtp|acme|uf794|null|CANCELLED|Other|2023-05-17T11:28:42Z|2023-05-17T11:28:54Z|2023-05-17T11:30:04Z|12|82|8|64|960|null|5248|null|2023-05-17T11:30:04Z|1000|100",
+        ]
     );
 }
 
@@ -521,11 +558,12 @@ fn duckdb_reads_the_layout_and_the_latest_dump_wins() {
         duckdb(
             store.path(),
             &format!(
-                "select typeof(month), typeof(submit_time), typeof(gpus), typeof(gpu_time_s) \
+                "select typeof(month), typeof(submit_time), typeof(gpus), typeof(gpu_time_s), \
+                        typeof(fail_time), typeof(mem_per_pod_gb) \
                  from {scan} limit 1"
             )
         ),
-        "VARCHAR,TIMESTAMP WITH TIME ZONE,INTEGER,BIGINT\n"
+        "VARCHAR,TIMESTAMP WITH TIME ZONE,INTEGER,BIGINT,TIMESTAMP WITH TIME ZONE,DOUBLE\n"
     );
     assert_eq!(
         duckdb(
@@ -552,8 +590,12 @@ fn duckdb_reads_the_layout_and_the_latest_dump_wins() {
 #[test]
 fn no_input_makes_the_parsers_panic() {
     let utc = FixedOffset::east_opt(0).unwrap();
-    for (format, name) in [(Format::Sacct, "sacct.txt"), (Format::Acme, "acme.csv")] {
-        let original = std::fs::read(data(name)).unwrap();
+    for (format, path) in [
+        (Format::Sacct, data("sacct.txt")),
+        (Format::Acme, data("acme.csv")),
+        (Format::Acme, acme_fixture("trace_kalos.csv")),
+    ] {
+        let original = std::fs::read(path).unwrap();
         // Every prefix: truncated files.
         for len in 0..=original.len() {
             let _ = Trace::parse(format, &original[..len], utc);

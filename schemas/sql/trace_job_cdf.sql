@@ -5,10 +5,12 @@
 --
 --   scripts/duckdb -c ".read schemas/sql/views.sql" -c ".read schemas/sql/trace_job_cdf.sql"
 --
--- One row per percentile, 0 to 100 in steps of 5, over the jobs of
--- scheduler_job_latest. The value at p is the smallest value with at least
+-- One row per percentile, 0 to 100 in steps of 5, over the GPU jobs of the
+-- trace (scheduler_job_latest with gpus > 0), as every figure of the study
+-- (its notebook keeps gpu_num > 0): CPU-only jobs and jobs without a GPU
+-- count are left out. The value at p is the smallest value with at least
 -- p % of the jobs (of the GPU time, for gpus_by_gpu_time) at or below it.
--- Add a WHERE on job_type to the first CTE for one type's curves.
+-- The same curves per job type: trace_job_type_cdf.sql.
 --
 --   duration_s        job duration, seconds (by jobs)
 --   queue_s           queue delay, submit to start, seconds (by jobs)
@@ -20,6 +22,7 @@ WITH jobs AS (
     SELECT duration_s::DOUBLE AS duration_s, queue_s::DOUBLE AS queue_s, gpus::DOUBLE AS gpus,
            coalesce(gpu_time_s, gpus * duration_s)::DOUBLE AS gpu_s
     FROM scheduler_job_latest
+    WHERE gpus > 0
 ),
 samples AS (
     SELECT 'duration_s' AS metric, duration_s AS value, 1.0 AS weight FROM jobs

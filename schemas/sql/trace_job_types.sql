@@ -4,11 +4,18 @@
 --
 --   scripts/duckdb -c ".read schemas/sql/views.sql" -c ".read schemas/sql/trace_job_types.sql"
 --
--- One row per job type of scheduler_job_latest (untyped jobs: 'unknown'),
--- then 'all'. GPU time is the trace's gpu_time_s (else gpus × duration_s).
--- Medians are interpolated (quantile_cont).
+-- Over the GPU jobs of the trace (scheduler_job_latest with gpus > 0), as
+-- every figure of the study (its notebook keeps gpu_num > 0): CPU-only jobs
+-- and jobs without a GPU count are left out. One row per job type (untyped
+-- jobs: 'unknown'), then 'all'. GPU time is the trace's gpu_time_s (else
+-- gpus × duration_s). Medians are interpolated (quantile_cont). The whole
+-- distributions per type (the study's CDFs of duration and queue delay per
+-- type, its box plot of GPUs per type): trace_job_type_cdf.sql. The
+-- GPU-time share by type and by final state, beside the share the
+-- telemetry measured: gpu_time_share.sql.
 --
---   job_type            the trace's job type
+--   job_type            the trace's job type, as the trace writes it
+--                       (AcmeTrace: Pretrain, SFT, Eval, MLLM, Debug, Other)
 --   jobs                jobs of that type
 --   job_share_pct       jobs / all jobs, %
 --   gpu_time_share_pct  their GPU time / all GPU time, %
@@ -22,6 +29,7 @@ WITH jobs AS (
     SELECT coalesce(job_type, 'unknown') AS job_type, gpus, queue_s, duration_s,
            coalesce(gpu_time_s, gpus * duration_s, 0)::DOUBLE AS gpu_s
     FROM scheduler_job_latest
+    WHERE gpus > 0
 ),
 total AS (
     SELECT count(*) AS all_jobs, sum(gpu_s) AS all_gpu_s FROM jobs

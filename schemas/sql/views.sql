@@ -180,6 +180,24 @@ CREATE OR REPLACE VIEW job AS FROM query(CASE WHEN getvariable('gputel_has_job')
           LIMIT 0'
     END);
 
+-- The columns of scheduler_job, typed, without rows: the view of a store
+-- without any trace, and the frame every trace file is read into, so that
+-- files written before a column existed (Kalos' fail_time, stop_time,
+-- mem_per_pod_gb, shared_mem_per_pod) read with nulls in it, and every
+-- store has every column in this order.
+CREATE OR REPLACE MACRO gputel_scheduler_job_columns() AS TABLE
+    SELECT NULL::VARCHAR AS job_id, NULL::VARCHAR AS source, NULL::VARCHAR AS "user",
+           NULL::VARCHAR AS queue, NULL::VARCHAR AS state, NULL::VARCHAR AS job_type,
+           NULL::TIMESTAMPTZ AS submit_time, NULL::TIMESTAMPTZ AS start_time,
+           NULL::TIMESTAMPTZ AS end_time, NULL::BIGINT AS queue_s,
+           NULL::BIGINT AS duration_s, NULL::INTEGER AS nodes, NULL::INTEGER AS gpus,
+           NULL::INTEGER AS cpus, NULL::VARCHAR AS node_list, NULL::BIGINT AS gpu_time_s,
+           NULL::TIMESTAMPTZ AS fail_time, NULL::TIMESTAMPTZ AS stop_time,
+           NULL::DOUBLE AS mem_per_pod_gb, NULL::DOUBLE AS shared_mem_per_pod,
+           NULL::TIMESTAMPTZ AS imported_at, NULL::VARCHAR AS filename,
+           NULL::VARCHAR AS month
+    LIMIT 0;
+
 -- The scheduler's job trace (`gputel-collector import-jobs`), one row per
 -- (source, job_id): importing overlapping dumps repeats jobs, and the latest
 -- import of a job is its final word (a job RUNNING in one dump is COMPLETED in
@@ -187,17 +205,12 @@ CREATE OR REPLACE VIEW job AS FROM query(CASE WHEN getvariable('gputel_has_job')
 CREATE OR REPLACE VIEW scheduler_job AS
 SELECT * EXCLUDE (filename)
 FROM query(CASE WHEN getvariable('gputel_has_scheduler_job')
-    THEN 'FROM read_parquet(gputel_files(''scheduler_job''), hive_partitioning = true,
-                            hive_types = {''month'': VARCHAR}, filename = true)'
-    ELSE 'SELECT NULL::VARCHAR AS job_id, NULL::VARCHAR AS source, NULL::VARCHAR AS "user",
-                 NULL::VARCHAR AS queue, NULL::VARCHAR AS state, NULL::VARCHAR AS job_type,
-                 NULL::TIMESTAMPTZ AS submit_time, NULL::TIMESTAMPTZ AS start_time,
-                 NULL::TIMESTAMPTZ AS end_time, NULL::BIGINT AS queue_s,
-                 NULL::BIGINT AS duration_s, NULL::INTEGER AS nodes, NULL::INTEGER AS gpus,
-                 NULL::INTEGER AS cpus, NULL::VARCHAR AS node_list, NULL::BIGINT AS gpu_time_s,
-                 NULL::TIMESTAMPTZ AS imported_at, NULL::VARCHAR AS filename,
-                 NULL::VARCHAR AS month
-          LIMIT 0'
+    THEN 'FROM gputel_scheduler_job_columns()
+          UNION ALL BY NAME
+          FROM read_parquet(gputel_files(''scheduler_job''), hive_partitioning = true,
+                            union_by_name = true, hive_types = {''month'': VARCHAR},
+                            filename = true)'
+    ELSE 'FROM gputel_scheduler_job_columns()'
     END)
 QUALIFY row_number() OVER (PARTITION BY source, job_id
                            ORDER BY imported_at DESC, filename DESC) = 1;

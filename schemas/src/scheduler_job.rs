@@ -36,6 +36,10 @@ pub mod col {
     pub const CPUS: &str = "cpus";
     pub const NODE_LIST: &str = "node_list";
     pub const GPU_TIME_S: &str = "gpu_time_s";
+    pub const FAIL_TIME: &str = "fail_time";
+    pub const STOP_TIME: &str = "stop_time";
+    pub const MEM_PER_POD_GB: &str = "mem_per_pod_gb";
+    pub const SHARED_MEM_PER_POD: &str = "shared_mem_per_pod";
     pub const IMPORTED_AT: &str = "imported_at";
 }
 
@@ -81,6 +85,13 @@ static SCHEDULER_JOB: LazyLock<SchemaRef> = LazyLock::new(|| {
         Field::new(col::CPUS, DataType::Int32, true),
         dict_str(col::NODE_LIST, true),
         Field::new(col::GPU_TIME_S, DataType::Int64, true),
+        // Kalos' own columns (trace_kalos.csv); null in Seren's layout and
+        // in sacct's. Files written before they existed lack them: readers
+        // merge by name (DuckDB's union_by_name) and see nulls.
+        timestamp(col::FAIL_TIME, true),
+        timestamp(col::STOP_TIME, true),
+        Field::new(col::MEM_PER_POD_GB, DataType::Float64, true),
+        Field::new(col::SHARED_MEM_PER_POD, DataType::Float64, true),
         timestamp(col::IMPORTED_AT, false),
     ]))
 });

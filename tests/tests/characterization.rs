@@ -133,15 +133,16 @@ const MLX5_0_RCV_WORDS: u64 = 1_984_460_973_326_841;
 const BUSY_TICKS: u64 = 12;
 const WORDS_PER_BUSY_TICK: u64 = 250_000_000;
 
-/// The scheduler's job trace, imported in this order: an Acme-format dump,
-/// then two overlapping sacct dumps. Job 7171 is RUNNING in the Acme dump and
-/// in the first sacct dump, COMPLETED in the last; 9999 is in none.
+/// The scheduler's job trace, imported in this order: an Acme-format dump
+/// (job types spelt as the AcmeTrace files spell them: `Eval`), then two
+/// overlapping sacct dumps. Job 7171 is RUNNING in the Acme dump and in the
+/// first sacct dump, COMPLETED in the last; 9999 is in none.
 const IMPORTS: &[(&str, &str)] = &[
     (
         "acme",
         "job_id,user,node_num,gpu_num,cpu_num,type,state,submit_time,start_time,end_time,duration,queue,gpu_time
 4242,alice,2,3,96,Pretrain,COMPLETED,2026-11-02 08:00:00,2026-11-02 08:05:00,2026-11-02 10:05:00,7200,300,21600.0
-5151,bob,1,1,16,Evaluation,FAILED,2026-11-02 09:00:00,2026-11-02 09:00:10,2026-11-02 09:10:10,600,10,600.0
+5151,bob,1,1,16,Eval,FAILED,2026-11-02 09:00:00,2026-11-02 09:00:10,2026-11-02 09:10:10,600,10,600.0
 7171,alice,1,1,16,SFT,RUNNING,2026-11-02 09:30:00,2026-11-02 09:30:05,,,5,
 8080,carol,1,1,8,Debug,CANCELLED,2026-11-02 10:00:00,2026-11-02 10:00:01,2026-11-02 10:20:01,1200,1,1200.0
 ",
@@ -383,22 +384,28 @@ fn import_trace(dir: &Path, store: &Path) {
     for (n, (format, text)) in IMPORTS.iter().enumerate() {
         let file = dir.join(format!("trace-{n}.{format}"));
         std::fs::write(&file, text).expect("write trace");
-        let out = Command::new(collector_bin())
-            .args(["import-jobs", "--format", format])
-            .arg(&file)
-            .arg("--store")
-            .arg(store)
-            .output()
-            .expect("run gputel-collector import-jobs");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            out.status.success() && !stderr.contains(&file.display().to_string()),
-            "import-jobs {format} {}: {}\n{}{stderr}",
-            file.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stdout)
-        );
+        import_file(store, format, &file);
     }
+}
+
+/// `gputel-collector import-jobs --format FORMAT FILE --store STORE`, which
+/// must read every line.
+fn import_file(store: &Path, format: &str, file: &Path) {
+    let out = Command::new(collector_bin())
+        .args(["import-jobs", "--format", format])
+        .arg(file)
+        .arg("--store")
+        .arg(store)
+        .output()
+        .expect("run gputel-collector import-jobs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && !stderr.contains(&file.display().to_string()),
+        "import-jobs {format} {}: {}\n{}{stderr}",
+        file.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stdout)
+    );
 }
 
 /// What each file of schemas/sql/ must return on the store.
@@ -542,7 +549,7 @@ fn check_views(s: &Store) {
         ),
         json!([
             {"source": "acme", "job_id": "4242", "state": "COMPLETED", "job_type": "Pretrain", "month": "2026-11", "latest": "acme"},
-            {"source": "acme", "job_id": "5151", "state": "FAILED", "job_type": "Evaluation", "month": "2026-11", "latest": "acme"},
+            {"source": "acme", "job_id": "5151", "state": "FAILED", "job_type": "Eval", "month": "2026-11", "latest": "acme"},
             {"source": "acme", "job_id": "7171", "state": "RUNNING", "job_type": "SFT", "month": "2026-11", "latest": "sacct"},
             {"source": "acme", "job_id": "8080", "state": "CANCELLED", "job_type": "Debug", "month": "2026-11", "latest": "acme"},
             {"source": "sacct", "job_id": "7171", "state": "COMPLETED", "job_type": null, "month": "2026-11", "latest": "sacct"},
@@ -756,27 +763,52 @@ fn check_idle_gpu_power(s: &Store) {
     );
 }
 
+/// A row of gpu_time_share.sql.
+fn share_row(
+    scope: &str,
+    dimension: &str,
+    value: &str,
+    jobs: u64,
+    gpu_time_s: f64,
+    share: f64,
+) -> Value {
+    json!({"scope": scope, "dimension": dimension, "value": value, "jobs": jobs,
+           "gpu_time_s": gpu_time_s, "share": share})
+}
+
 fn check_gpu_time_share(s: &Store) {
-    // GPU time: 25 samples × 0.1 s = 2.5 s per GPU; 4242 has 3 GPUs, the
-    // other four jobs 1 each: 17.5 s in all.
-    let row = |dimension: &str, value: &str, jobs: u64, gpu_time_s: f64, share: f64| {
-        json!({"dimension": dimension, "value": value, "jobs": jobs,
-               "gpu_time_s": gpu_time_s, "share": share})
+    // Observed: 25 samples 0.1 s apart, 2.5 s per GPU; 4242 has 3 GPUs, the
+    // other four jobs 1 each: 17.5 s in all. Trace: its GPU jobs, GPU time
+    // from the trace: 4242 21600 s, 7171 7200 s (sacct, its latest import:
+    // 2 h on 1 GPU, no type), 8080 1200 s, 5151 600 s: 30600 s in all.
+    let obs = |dimension: &str, value: &str, jobs: u64, gpu_time_s: f64, share: f64| {
+        share_row("observed", dimension, value, jobs, gpu_time_s, share)
+    };
+    let trace = |dimension: &str, value: &str, jobs: u64, gpu_time_s: f64, share: f64| {
+        share_row("trace", dimension, value, jobs, gpu_time_s, share)
     };
     assert_rows(
         "gpu_time_share",
         s.query("gpu_time_share.sql", ""),
         json!([
-            row("job_type", "Pretrain", 1, 7.5, 0.4286),
+            obs("job_type", "Pretrain", 1, 7.5, 0.4286),
             // 7171: the latest import is sacct's, which has no type.
-            row("job_type", "(not in trace)", 1, 2.5, 0.1429),
-            row("job_type", "(untyped)", 1, 2.5, 0.1429),
-            row("job_type", "Debug", 1, 2.5, 0.1429),
-            row("job_type", "Evaluation", 1, 2.5, 0.1429),
-            row("state", "COMPLETED", 2, 10.0, 0.5714),
-            row("state", "(not in trace)", 1, 2.5, 0.1429),
-            row("state", "CANCELLED", 1, 2.5, 0.1429),
-            row("state", "FAILED", 1, 2.5, 0.1429),
+            obs("job_type", "(not in trace)", 1, 2.5, 0.1429),
+            obs("job_type", "(untyped)", 1, 2.5, 0.1429),
+            obs("job_type", "Debug", 1, 2.5, 0.1429),
+            obs("job_type", "Eval", 1, 2.5, 0.1429),
+            obs("state", "COMPLETED", 2, 10.0, 0.5714),
+            obs("state", "(not in trace)", 1, 2.5, 0.1429),
+            obs("state", "CANCELLED", 1, 2.5, 0.1429),
+            obs("state", "FAILED", 1, 2.5, 0.1429),
+            // 21600 / 30600, 7200 / 30600, ...; 9999 is in no trace.
+            trace("job_type", "Pretrain", 1, 21600.0, 0.7059),
+            trace("job_type", "(untyped)", 1, 7200.0, 0.2353),
+            trace("job_type", "Debug", 1, 1200.0, 0.0392),
+            trace("job_type", "Eval", 1, 600.0, 0.0196),
+            trace("state", "COMPLETED", 2, 28800.0, 0.9412),
+            trace("state", "CANCELLED", 1, 1200.0, 0.0392),
+            trace("state", "FAILED", 1, 600.0, 0.0196),
         ]),
     );
 }
@@ -866,7 +898,7 @@ fn check_jobs_with_gpu_events(s: &Store) {
             // Three XIDs on job 5151's GPU, XID 48 twice.
             row(
                 "5151",
-                Some("Evaluation"),
+                Some("Eval"),
                 "FAILED",
                 "bob",
                 NODE_A,
@@ -877,7 +909,7 @@ fn check_jobs_with_gpu_events(s: &Store) {
             ),
             row(
                 "5151",
-                Some("Evaluation"),
+                Some("Eval"),
                 "FAILED",
                 "bob",
                 NODE_A,
@@ -927,7 +959,7 @@ fn check_xid_failures(s: &Store) {
                "events": events, "gpus": gpus, "codes": codes})
     };
     let pretrain = Some(("Pretrain", "COMPLETED"));
-    let evaluation = Some(("Evaluation", "FAILED"));
+    let evaluation = Some(("Eval", "FAILED"));
     assert_rows(
         "xid_failures",
         s.query("xid_failures.sql", ""),
@@ -1129,7 +1161,7 @@ COPY (
     FROM (VALUES ('n2', 0, 13, 'b'), ('n3', 0, 79, 'd')) v(node, gpu, code, job_id)
 ) TO 'store/event' (FORMAT parquet, PARTITION_BY (date, hour));
 -- The trace: 1000 GPU-seconds, 600 of them job d's (FAILED, on no GPU of
--- this store).
+-- this store); job e asks for no GPU (the trace-only figures leave it out).
 COPY (
     SELECT job_id, 'acme' AS source, state, job_type,
            TIMESTAMPTZ '2026-11-02 07:00:00+00' AS submit_time,
@@ -1141,7 +1173,8 @@ COPY (
     FROM (VALUES ('a', 'COMPLETED', 'Pretrain', 10, 100, 2),
                  ('b', 'FAILED', 'Debug', 100, 50, 2),
                  ('c', 'COMPLETED', 'Debug', 0, 100, 1),
-                 ('d', 'FAILED', 'Pretrain', 600, 75, 8))
+                 ('d', 'FAILED', 'Pretrain', 600, 75, 8),
+                 ('e', 'COMPLETED', 'Debug', 5, 1000, 0))
          AS t(job_id, state, job_type, queue_s, duration_s, gpus)
 ) TO 'store/scheduler_job' (FORMAT parquet, PARTITION_BY (month));
 "#;
@@ -1160,6 +1193,8 @@ const MIXED_CHECKS: &[(&str, MixedCheck)] = &[
     ("failure_share.sql", check_failure_share),
     ("trace_job_types.sql", check_trace_job_types),
     ("trace_job_cdf.sql", check_trace_job_cdf),
+    ("trace_job_type_cdf.sql", check_trace_job_type_cdf),
+    ("gpu_time_share.sql", check_gpu_time_share_mixed),
 ];
 
 #[test]
@@ -1290,8 +1325,9 @@ fn check_job_imbalance(store: &Path) {
 }
 
 fn check_failure_share(store: &Path) {
-    // GPU time: a 200, b 100, c 100, d 600 of 1000 GPU-seconds. An
-    // application XID (13) under b, a hardware one (79) under d.
+    // GPU time: a 200, b 100, c 100, d 600 of 1000 GPU-seconds; e none, but
+    // it is one of the five jobs. An application XID (13) under b, a
+    // hardware one (79) under d.
     let row = |grouping: &str, category: &str, jobs: u64, job_share: f64, gpu_share: f64| {
         json!({"grouping": grouping, "category": category, "jobs": jobs,
                "job_share_pct": job_share, "gpu_time_share_pct": gpu_share})
@@ -1300,17 +1336,18 @@ fn check_failure_share(store: &Path) {
         "failure_share",
         query_store(store, "failure_share.sql", ""),
         json!([
-            row("xid_category", "hardware", 1, 25.0, 60.0),
-            row("xid_category", "application", 1, 25.0, 10.0),
-            row("state", "FAILED", 2, 50.0, 70.0),
-            row("state", "COMPLETED", 2, 50.0, 30.0),
+            row("xid_category", "hardware", 1, 20.0, 60.0),
+            row("xid_category", "application", 1, 20.0, 10.0),
+            row("state", "FAILED", 2, 40.0, 70.0),
+            row("state", "COMPLETED", 3, 60.0, 30.0),
         ]),
     );
 }
 
 fn check_trace_job_types(store: &Path) {
     // Pretrain: a (2 GPUs, queue 10 s, 100 s) and d (8, 600 s, 75 s);
-    // Debug: b (2, 100 s, 50 s) and c (1, 0 s, 100 s).
+    // Debug: b (2, 100 s, 50 s) and c (1, 0 s, 100 s). e, without a GPU, is
+    // in none.
     let row = |t: &str, jobs: u64, shares: [f64; 2], gpus: [f64; 2], queue: [f64; 2], dur: f64| {
         json!({"job_type": t, "jobs": jobs, "job_share_pct": shares[0],
                "gpu_time_share_pct": shares[1], "gpus_mean": gpus[0], "gpus_p50": gpus[1],
@@ -1337,7 +1374,7 @@ fn check_trace_job_types(store: &Path) {
 
 fn check_trace_job_cdf(store: &Path) {
     // Durations 50, 75, 100, 100; queues 0, 10, 100, 600; GPUs 1, 2, 2, 8,
-    // by GPU time 100 s of 1 GPU, 300 s of 2, 600 s of 8.
+    // by GPU time 100 s of 1 GPU, 300 s of 2, 600 s of 8. Not e's 0 GPUs.
     let step = |p: u64, steps: &[(u64, f64)]| {
         steps
             .iter()
@@ -1358,5 +1395,293 @@ fn check_trace_job_cdf(store: &Path) {
         "trace_job_cdf",
         query_store(store, "trace_job_cdf.sql", ""),
         Value::Array(want),
+    );
+}
+
+fn check_trace_job_type_cdf(store: &Path) {
+    // Two GPU jobs of each type (e, without a GPU, is left out): the first
+    // value covers percentiles up to 50, the second the rest. Debug: b
+    // (50 s, queue 100 s, 2 GPUs) and c (100 s, 0 s, 1); Pretrain: a (100 s,
+    // 10 s, 2) and d (75 s, 600 s, 8).
+    let rows = |job_type: &str, duration: [f64; 2], queue: [f64; 2], gpus: [f64; 2]| {
+        by_pct(|p| {
+            let i = usize::from(p > 50);
+            json!({"job_type": job_type, "pct": p, "jobs": 2, "duration_s": duration[i],
+                   "queue_s": queue[i], "gpus": gpus[i]})
+        })
+    };
+    let mut want = rows("Debug", [50.0, 100.0], [0.0, 100.0], [1.0, 2.0]);
+    want.extend(rows("Pretrain", [75.0, 100.0], [10.0, 600.0], [2.0, 8.0]));
+    assert_rows(
+        "trace_job_type_cdf",
+        query_store(store, "trace_job_type_cdf.sql", ""),
+        Value::Array(want),
+    );
+}
+
+fn check_gpu_time_share_mixed(store: &Path) {
+    // Observed, time-weighted: jobs a and b, 2 GPUs each observed for 60 s
+    // (a's sampled 60 times a GPU, b's 4 times). Counted by samples × the
+    // node's interval it is the same here; by samples alone a would be 15
+    // times b. Trace: a 200, b 100, c 100, d 600 GPU-seconds; e has no GPU.
+    let obs = |dimension: &str, value: &str| share_row("observed", dimension, value, 1, 120.0, 0.5);
+    let trace = |dimension: &str, value: &str, gpu_time_s: f64, share: f64| {
+        share_row("trace", dimension, value, 2, gpu_time_s, share)
+    };
+    assert_rows(
+        "gpu_time_share on mixed intervals",
+        query_store(store, "gpu_time_share.sql", ""),
+        json!([
+            obs("job_type", "Debug"),
+            obs("job_type", "Pretrain"),
+            obs("state", "COMPLETED"),
+            obs("state", "FAILED"),
+            trace("job_type", "Pretrain", 800.0, 0.8),
+            trace("job_type", "Debug", 200.0, 0.2),
+            trace("state", "FAILED", 700.0, 0.7),
+            trace("state", "COMPLETED", 300.0, 0.3),
+        ]),
+    );
+}
+
+/// More jobs in Kalos' layout, made up for this test (the published excerpt,
+/// tests/fixtures/acme-trace, has no TIMEOUT, NODE_FAIL, Eval or CPU-only
+/// job): a timed-out pretraining job, an evaluation lost to a node failure,
+/// a finished evaluation, and a job without GPUs.
+const KALOS_MORE: &str = "job_id,user,node_num,gpu_num,cpu_num,mem_per_pod_GB,shared_mem_per_pod,type,state,submit_time,start_time,end_time,fail_time,stop_time,duration,queue,gpu_time
+k-timeout,uf1,1,8,96,500,50.0,Pretrain,TIMEOUT,2023-05-18 00:00:00+00:00,2023-05-18 00:00:10+00:00,2023-05-18 01:00:10+00:00,,2023-05-18 01:00:10+00:00,3600,10.0,28800.0
+k-nodefail,uf2,2,16,192,1000,100.0,Eval,NODE_FAIL,2023-05-18 02:00:00+00:00,2023-05-18 02:00:05+00:00,2023-05-18 02:10:05+00:00,2023-05-18 02:10:05+00:00,,600,5.0,9600.0
+k-cpu,uf3,1,0,16,64,8.0,Other,COMPLETED,2023-05-18 03:00:00+00:00,2023-05-18 03:00:01+00:00,2023-05-18 04:00:01+00:00,,,3600,1.0,0.0
+k-eval,uf2,1,1,12,100,10.0,Eval,COMPLETED,2023-05-18 04:00:00+00:00,2023-05-18 04:00:02+00:00,2023-05-18 04:20:02+00:00,,,1200,2.0,1200.0
+";
+
+/// Telemetry of three jobs, written directly in the collector's layout, and
+/// a scheduler_job file of the layout before Kalos' columns existed. Node s1
+/// samples every second: Seren job 5778469 on GPUs 0 and 1 for 60 s. Node
+/// k1 every 15 s: k-timeout on GPUs 0 and 1 for 120 s, job x (in no trace)
+/// on GPU 2 for 60 s.
+const EXCERPT_STORE_SQL: &str = r#"
+COPY (
+    SELECT t0 + to_seconds(s * step) AS ts, node, gpu, node || '-' || gpu AS uuid,
+           50 AS gpu_util_pct, job_id,
+           NULL::INTEGER AS gpu_instance_id, NULL::INTEGER AS compute_instance_id, date, hour
+    FROM (VALUES (TIMESTAMPTZ '2023-02-28 16:30:00+00', 's1', 0, 1, 60, '5778469'),
+                 (TIMESTAMPTZ '2023-02-28 16:30:00+00', 's1', 1, 1, 60, '5778469'),
+                 (TIMESTAMPTZ '2023-05-18 00:10:00+00', 'k1', 0, 15, 8, 'k-timeout'),
+                 (TIMESTAMPTZ '2023-05-18 00:10:00+00', 'k1', 1, 15, 8, 'k-timeout'),
+                 (TIMESTAMPTZ '2023-05-18 00:10:00+00', 'k1', 2, 15, 4, 'x'))
+         AS t(t0, node, gpu, step, n, job_id)
+    JOIN (VALUES ('s1', DATE '2023-02-28', 16), ('k1', DATE '2023-05-18', 0)) AS p(node, date, hour)
+         USING (node),
+         range(n) AS r(s)
+) TO 'store/gpu' (FORMAT parquet, PARTITION_BY (date, hour));
+COPY (
+    SELECT t0 + to_seconds(s * step) AS ts, node, date, hour
+    FROM (VALUES (TIMESTAMPTZ '2023-02-28 16:30:00+00', 's1', 1, 60, DATE '2023-02-28', 16),
+                 (TIMESTAMPTZ '2023-05-18 00:10:00+00', 'k1', 15, 8, DATE '2023-05-18', 0))
+         AS t(t0, node, step, n, date, hour),
+         range(n) AS r(s)
+) TO 'store/node' (FORMAT parquet, PARTITION_BY (date, hour));
+-- A trace file as import-jobs wrote them before Kalos' columns: 2 GPUs for
+-- 760 s.
+COPY (
+    SELECT 'old1' AS job_id, 'acme' AS source, 'uf9' AS "user", NULL::VARCHAR AS queue,
+           'COMPLETED' AS state, 'Pretrain' AS job_type,
+           TIMESTAMPTZ '2023-05-19 00:00:00+00' AS submit_time,
+           TIMESTAMPTZ '2023-05-19 00:00:40+00' AS start_time,
+           TIMESTAMPTZ '2023-05-19 00:13:20+00' AS end_time,
+           40::BIGINT AS queue_s, 760::BIGINT AS duration_s, 1::INTEGER AS nodes,
+           2::INTEGER AS gpus, 32::INTEGER AS cpus, NULL::VARCHAR AS node_list,
+           1520::BIGINT AS gpu_time_s, TIMESTAMPTZ '2023-05-20 00:00:00+00' AS imported_at
+) TO 'store/scheduler_job/month=2023-05/old-layout.parquet' (FORMAT parquet);
+"#;
+
+#[test]
+fn acme_trace_excerpts_keep_every_column_and_fold_states() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let store = tmp.path().join("store");
+    std::fs::create_dir_all(store.join("scheduler_job/month=2023-05")).expect("mkdir store");
+    gputel_tests::duckdb(tmp.path(), EXCERPT_STORE_SQL);
+    let more = tmp.path().join("kalos-more.csv");
+    std::fs::write(&more, KALOS_MORE).expect("write trace");
+    for file in [
+        fixture("acme-trace/trace_seren.csv"),
+        fixture("acme-trace/trace_kalos.csv"),
+        more,
+    ] {
+        import_file(&store, "acme", &file);
+    }
+
+    // Every file import-jobs wrote has Kalos' four columns, Seren's too; the
+    // old file has none.
+    assert_rows(
+        "the files' columns",
+        gputel_tests::duckdb(
+            tmp.path(),
+            "SELECT name, type, count(DISTINCT file_name) AS files, \
+                    bool_or(file_name LIKE '%old-layout%') AS in_old \
+             FROM parquet_schema('store/scheduler_job/**/*.parquet') \
+             WHERE name IN ('fail_time', 'stop_time', 'mem_per_pod_gb', 'shared_mem_per_pod') \
+             GROUP BY ALL ORDER BY name",
+        )
+        .into_iter()
+        .map(Value::Object)
+        .collect(),
+        json!([
+            {"name": "fail_time", "type": "INT64", "files": 3, "in_old": false},
+            {"name": "mem_per_pod_gb", "type": "DOUBLE", "files": 3, "in_old": false},
+            {"name": "shared_mem_per_pod", "type": "DOUBLE", "files": 3, "in_old": false},
+            {"name": "stop_time", "type": "INT64", "files": 3, "in_old": false},
+        ]),
+    );
+    // Their values, read from the Parquet files by name: the published rows
+    // as published (the Kalos job that failed has its fail_time, the one
+    // cancelled its stop_time), null where a layout lacks the column.
+    let values = gputel_tests::duckdb(
+        tmp.path(),
+        "SET TimeZone = 'UTC'; \
+         SELECT job_id, job_type, state, duration_s, fail_time::VARCHAR AS fail_time, \
+                stop_time::VARCHAR AS stop_time, mem_per_pod_gb, shared_mem_per_pod, \
+                typeof(fail_time) AS time_type \
+         FROM read_parquet('store/scheduler_job/**/*.parquet', union_by_name = true) \
+         ORDER BY job_id",
+    );
+    let row = |job: &str,
+               job_type: &str,
+               state: &str,
+               duration_s: u64,
+               times: [Option<&str>; 2],
+               mem: [Option<f64>; 2]| {
+        json!({"job_id": job, "job_type": job_type, "state": state, "duration_s": duration_s,
+               "fail_time": times[0], "stop_time": times[1], "mem_per_pod_gb": mem[0],
+               "shared_mem_per_pod": mem[1], "time_type": "TIMESTAMP WITH TIME ZONE"})
+    };
+    assert_rows(
+        "the new columns in Parquet",
+        values.into_iter().map(Value::Object).collect(),
+        json!([
+            row(
+                "5778432",
+                "Other",
+                "FAILED",
+                117,
+                [None, None],
+                [None, None]
+            ),
+            row(
+                "5778469",
+                "Other",
+                "COMPLETED",
+                2693,
+                [None, None],
+                [None, None]
+            ),
+            row(
+                "dlc1t2ypl09b8qtp",
+                "Other",
+                "CANCELLED",
+                82,
+                [None, Some("2023-05-17 11:30:04+00")],
+                [Some(1000.0), Some(100.0)]
+            ),
+            // Kalos' duration as published: 18 s from submit to end (end -
+            // start is 8 s), kept, not recomputed.
+            row(
+                "dlctk696s0jbvitv",
+                "Other",
+                "FAILED",
+                18,
+                [Some("2023-05-17 11:01:16+00"), None],
+                [Some(1000.0), Some(100.0)]
+            ),
+            row(
+                "k-cpu",
+                "Other",
+                "COMPLETED",
+                3600,
+                [None, None],
+                [Some(64.0), Some(8.0)]
+            ),
+            // The trace's spelling of the type: Eval.
+            row(
+                "k-eval",
+                "Eval",
+                "COMPLETED",
+                1200,
+                [None, None],
+                [Some(100.0), Some(10.0)]
+            ),
+            row(
+                "k-nodefail",
+                "Eval",
+                "NODE_FAIL",
+                600,
+                [Some("2023-05-18 02:10:05+00"), None],
+                [Some(1000.0), Some(100.0)]
+            ),
+            row(
+                "k-timeout",
+                "Pretrain",
+                "TIMEOUT",
+                3600,
+                [None, Some("2023-05-18 01:00:10+00")],
+                [Some(500.0), Some(50.0)]
+            ),
+            row(
+                "old1",
+                "Pretrain",
+                "COMPLETED",
+                760,
+                [None, None],
+                [None, None]
+            ),
+        ]),
+    );
+    // The view reads the old file beside the new ones.
+    assert_rows(
+        "scheduler_job over old and new files",
+        query_store(
+            &store,
+            "views.sql",
+            "SELECT count(*) AS jobs, count(fail_time) AS failed_at, \
+                    count(mem_per_pod_gb) AS with_mem, \
+                    any_value(job_type) FILTER (job_id = 'old1') AS old_type \
+             FROM scheduler_job",
+        ),
+        json!([{"jobs": 9, "failed_at": 2, "with_mem": 6, "old_type": "Pretrain"}]),
+    );
+
+    // The GPU-time shares. Observed, time-weighted: 5778469 2 × 60 s,
+    // k-timeout 2 × 120 s, x 60 s: 420 GPU-seconds. Trace: the GPU jobs'
+    // gpu_time (k-cpu has no GPU): 936 + 21544 (Seren), 1152 + 5248 (Kalos'
+    // excerpt), 28800 + 9600 + 1200 (the made-up ones), 1520 (old1): 70000.
+    // TIMEOUT (k-timeout) and NODE_FAIL (k-nodefail) count as FAILED: 936 +
+    // 1152 + 28800 + 9600 = 40488, not 2088.
+    let obs = |dimension: &str, value: &str, gpu_time_s: f64, share: f64| {
+        share_row("observed", dimension, value, 1, gpu_time_s, share)
+    };
+    let trace = |dimension: &str, value: &str, jobs: u64, gpu_time_s: f64, share: f64| {
+        share_row("trace", dimension, value, jobs, gpu_time_s, share)
+    };
+    assert_rows(
+        "gpu_time_share on the AcmeTrace excerpts",
+        query_store(&store, "gpu_time_share.sql", ""),
+        json!([
+            obs("job_type", "Pretrain", 240.0, 0.5714),
+            obs("job_type", "Other", 120.0, 0.2857),
+            obs("job_type", "(not in trace)", 60.0, 0.1429),
+            obs("state", "FAILED", 240.0, 0.5714),
+            obs("state", "COMPLETED", 120.0, 0.2857),
+            obs("state", "(not in trace)", 60.0, 0.1429),
+            // k-timeout 28800 + old1 1520; the four Other jobs; k-nodefail
+            // 9600 + k-eval 1200.
+            trace("job_type", "Pretrain", 2, 30320.0, 0.4331),
+            trace("job_type", "Other", 4, 28880.0, 0.4126),
+            trace("job_type", "Eval", 2, 10800.0, 0.1543),
+            trace("state", "FAILED", 4, 40488.0, 0.5784),
+            // 21544 + 1200 + 1520.
+            trace("state", "COMPLETED", 3, 24264.0, 0.3466),
+            trace("state", "CANCELLED", 1, 5248.0, 0.075),
+        ]),
     );
 }

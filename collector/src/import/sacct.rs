@@ -122,6 +122,8 @@ fn job<'a>(field: impl Fn(usize) -> &'a str, utc_offset: FixedOffset) -> Result<
         cpus: tres.cpus,
         node_list: text(field(NODE_LIST)).filter(|n| n != "None assigned"),
         gpu_time_s: gpu_time_s(duration_s, tres.gpus),
+        // Kalos' columns; sacct has nothing like them.
+        ..Job::default()
     })
 }
 
