@@ -88,3 +88,33 @@ stop_collector() {
   pkill -TERM -P "$COLLECTOR_PID" 2>/dev/null || true
   wait "$COLLECTOR_PID" || die "the collector failed: $(tail -5 "$(dirname "$COLLECTOR_TIME")/collector.log")"
 }
+
+# The benchmark day: INTERVAL-second ticks of NODES simulated nodes (8 GPUs,
+# 4 IB ports each) on 2024-06-12, written by the real collector from
+# `gputel-loadgen` and compacted by `gputel-collector compact`, as a serving
+# collector would. Kept in target/bench-query/NODESxINTERVALs and reused by
+# later runs (delete it to regenerate). Sets $store.
+day_store() {
+  local interval=$1 nodes=$2
+  local ticks=$((86400 / interval))
+  local base day=2024-06-12
+  base="$(pwd)/target/bench-query/${nodes}x${interval}s"
+  store="$base/store"
+  if [[ ! -e $base/done ]]; then
+    rm -rf "$base"
+    trap 'set +e; pkill -P "${COLLECTOR_PID:-0}"; true' EXIT
+    start_collector "$base"
+    say "writing a day ($ticks ticks of $interval s) of $nodes nodes through the collector"
+    "$LOADGEN" --collector "http://127.0.0.1:$COLLECTOR_PORT" --agents "$nodes" --gpus 8 \
+      --ticks "$ticks" --interval-ms $((interval * 1000)) --start-ts "${day}T00:00:00Z" \
+      >"$base/loadgen.out" 2>"$base/loadgen.log" \
+      || die "gputel-loadgen failed: $(tail -5 "$base/loadgen.log")"
+    stop_collector
+    trap - EXIT
+    say "compacting the day's hours"
+    "$COLLECTOR" compact --store "$store" >"$base/compact.log" 2>&1 \
+      || die "compaction failed: $(tail -5 "$base/compact.log")"
+    rm -rf "$base/wal"
+    touch "$base/done"
+  fi
+}

@@ -21,30 +21,10 @@ source scripts/lib/tools.sh
 
 interval=${1:-60}
 nodes=${2:-1000}
-ticks=$((86400 / interval))
 build_release
 if [[ -n ${GPUTEL_DUCKDB:-} ]]; then DUCKDB=$GPUTEL_DUCKDB; else ensure_duckdb; fi
-base="$(pwd)/target/bench-query/${nodes}x${interval}s"
-store="$base/store"
+day_store "$interval" "$nodes"
 day=2024-06-12
-
-if [[ ! -e $base/done ]]; then
-  rm -rf "$base"
-  trap 'set +e; pkill -P "${COLLECTOR_PID:-0}"; true' EXIT
-  start_collector "$base"
-  say "writing a day ($ticks ticks of $interval s) of $nodes nodes through the collector"
-  "$LOADGEN" --collector "http://127.0.0.1:$COLLECTOR_PORT" --agents "$nodes" --gpus 8 \
-    --ticks "$ticks" --interval-ms $((interval * 1000)) --start-ts "${day}T00:00:00Z" \
-    >"$base/loadgen.out" 2>"$base/loadgen.log" \
-    || die "gputel-loadgen failed: $(tail -5 "$base/loadgen.log")"
-  stop_collector
-  trap - EXIT
-  say "compacting the day's hours"
-  "$COLLECTOR" compact --store "$store" >"$base/compact.log" 2>&1 \
-    || die "compaction failed: $(tail -5 "$base/compact.log")"
-  rm -rf "$base/wal"
-  touch "$base/done"
-fi
 
 machine
 printf 'store: %s, gpu table %s files, %s\n' "$store" \

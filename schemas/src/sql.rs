@@ -2,7 +2,7 @@
 //! that a report can show the query behind each figure.
 
 /// Every query file by name, views.sql first.
-pub const FILES: [(&str, &str); 16] = [
+pub const FILES: [(&str, &str); 17] = [
     ("views.sql", include_str!("../sql/views.sql")),
     (
         "failure_share.sql",
@@ -45,6 +45,10 @@ pub const FILES: [(&str, &str); 16] = [
     (
         "trace_job_cdf.sql",
         include_str!("../sql/trace_job_cdf.sql"),
+    ),
+    (
+        "trace_job_type_cdf.sql",
+        include_str!("../sql/trace_job_type_cdf.sql"),
     ),
     (
         "trace_job_types.sql",

@@ -18,7 +18,8 @@ use serde_json::Value;
 /// and a stretch of nothing on n2 GPU 1; a pod on n2 GPU 1's last minute;
 /// throttling reasons on some samples; XIDs: one with its job, one without
 /// (attributed through the GPU's last row), one on an idle GPU; a trace
-/// typing a and b.
+/// typing a and b, with a TIMEOUT job (folded into FAILED) and a CPU-only
+/// one (left out of GPU-time shares) the telemetry never saw.
 const STORE_SQL: &str = r#"
 SET TimeZone = 'UTC';
 CREATE TABLE g AS
@@ -78,7 +79,8 @@ COPY (
            TIMESTAMPTZ '2026-11-02 07:00:00+00' AS submit_time,
            duration_s::BIGINT AS duration_s, gpus, (gpus * duration_s)::BIGINT AS gpu_time_s,
            TIMESTAMPTZ '2026-11-03 00:00:00+00' AS imported_at, '2026-11' AS month
-    FROM (VALUES ('a', 'COMPLETED', 'Pretrain', 400, 2), ('b', 'FAILED', 'Evaluation', 30, 1))
+    FROM (VALUES ('a', 'COMPLETED', 'Pretrain', 400, 2), ('b', 'FAILED', 'Eval', 30, 1),
+                 ('c', 'TIMEOUT', 'Pretrain', 100, 4), ('d', 'COMPLETED', 'Debug', 50, 0))
          AS t(job_id, state, job_type, duration_s, gpus)
 ) TO 'store/scheduler_job' (FORMAT parquet, COMPRESSION zstd, PARTITION_BY (month));
 "#;
@@ -386,6 +388,29 @@ fn the_report_states_what_the_shipped_sql_computes() {
         .expect("XID 48 is a memory error");
     assert_eq!(memory["jobs"], 1);
 
+    // The trace's GPU-time shares: gpu_time_share.sql's 'trace' scope.
+    let shares = query(&store, "", "gpu_time_share.sql");
+    let trace: Vec<&Value> = shares.iter().filter(|r| r["scope"] == "trace").collect();
+    let reported = fleet["trace_shares"].as_array().expect("trace_shares");
+    assert_eq!(trace.len(), reported.len());
+    assert_eq!(
+        reported.len(),
+        4,
+        "Pretrain, Eval; FAILED (with TIMEOUT), COMPLETED"
+    );
+    for (row, r) in trace.iter().zip(reported) {
+        for column in ["dimension", "value", "jobs"] {
+            assert_eq!(row[column], r[column], "{column}");
+        }
+        close(
+            "gpu_time_s",
+            num(&r["gpu_time_s"]),
+            num(&row["gpu_time_s"]),
+            0.0,
+        );
+        close("share", num(&r["share"]), num(&row["share"]), 0.00005);
+    }
+
     // The page: every figure with its SQL.
     for id in [
         "gpu_util",
@@ -402,6 +427,8 @@ fn the_report_states_what_the_shipped_sql_computes() {
         "job_duration_vs_utilization",
         "job_imbalance",
         "xids",
+        "trace_job_types",
+        "trace_states",
         "throttling",
     ] {
         assert!(

@@ -118,7 +118,7 @@ impl Work {
         match self {
             Work::Pretrain => "Pretrain",
             Work::Sft => "SFT",
-            Work::Evaluation => "Evaluation",
+            Work::Evaluation => "Eval",
             Work::Debug => "Debug",
         }
     }
@@ -864,9 +864,9 @@ mod tests {
                 "job_id,user,node_num,gpu_num,cpu_num,type,state,submit_time,start_time,end_time,duration,queue,gpu_time",
                 "1000,alice,4,16,256,Pretrain,RUNNING,2026-11-18 08:56:40+00:00,2026-11-18 09:06:40+00:00,,,600,",
                 "1001,bob,1,2,32,SFT,COMPLETED,2026-11-18 11:06:20+00:00,2026-11-18 11:06:40+00:00,2026-11-18 11:08:20+00:00,100,20,200",
-                "1002,carol,1,1,16,Evaluation,FAILED,2026-11-18 11:06:45+00:00,2026-11-18 11:06:50+00:00,2026-11-18 11:07:42+00:00,52,5,52",
+                "1002,carol,1,1,16,Eval,FAILED,2026-11-18 11:06:45+00:00,2026-11-18 11:06:50+00:00,2026-11-18 11:07:42+00:00,52,5,52",
                 "1003,dave,1,1,16,Debug,RUNNING,2026-11-18 11:07:58+00:00,2026-11-18 11:08:00+00:00,,,2,",
-                "1004,carol,1,2,32,Evaluation,PENDING,2026-11-18 11:08:20+00:00,,,,,",
+                "1004,carol,1,2,32,Eval,PENDING,2026-11-18 11:08:20+00:00,,,,,",
             ]
         );
         // Two cycles later the first cycle's jobs are no longer listed.

@@ -256,6 +256,51 @@ pub fn figures(fleet: &Fleet) -> Vec<Figure> {
             sql_note: "rows with job_id '(all)'; jobs hit: the other rows".into(),
         });
     }
+    for (dimension, id, title) in [
+        (
+            "job_type",
+            "trace_job_types",
+            "GPU time by job type (whole trace)",
+        ),
+        (
+            "state",
+            "trace_states",
+            "GPU time by final state (whole trace)",
+        ),
+    ] {
+        let groups: Vec<&super::TraceShare> = fleet
+            .trace_shares
+            .iter()
+            .filter(|s| s.dimension == dimension)
+            .collect();
+        let Some(top) = groups.first() else { continue };
+        let jobs: usize = groups.iter().map(|g| g.jobs).sum();
+        let rows: Vec<(String, f64)> = groups
+            .iter()
+            .map(|g| {
+                let share = g.share.unwrap_or(0.0);
+                let pct = 100.0 * g.jobs as f64 / jobs.max(1) as f64;
+                (
+                    format!("{} ({} % of jobs)", g.value, number(pct)),
+                    100.0 * share,
+                )
+            })
+            .collect();
+        out.push(Figure {
+            id: id.into(),
+            title: title.into(),
+            reading: format!(
+                "Of the {jobs} GPU jobs of the imported trace, {} ones ({} % of the jobs) took \
+                 {} % of the GPU time.",
+                top.value,
+                number(100.0 * top.jobs as f64 / jobs.max(1) as f64),
+                number(100.0 * top.share.unwrap_or(0.0))
+            ),
+            svg: svg::bars(title, "share of the trace's GPU time (%)", &rows, true),
+            sql: "gpu_time_share.sql",
+            sql_note: format!("rows of scope 'trace', dimension '{dimension}'"),
+        });
+    }
     if !fleet.throttle.is_empty() {
         let throttled: Vec<&super::Throttle> = fleet
             .throttle

@@ -140,6 +140,18 @@ pub struct XidCategory {
     pub codes: Vec<i64>,
 }
 
+/// One group of gpu_time_share.sql's 'trace' scope.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct TraceShare {
+    /// 'job_type' or 'state'.
+    pub dimension: &'static str,
+    pub value: String,
+    pub jobs: usize,
+    pub gpu_time_s: f64,
+    /// Of the trace's GPU time, 0 to 1.
+    pub share: Option<f64>,
+}
+
 /// The whole report's numbers.
 #[derive(Debug, Clone, Serialize)]
 pub struct Fleet {
@@ -157,6 +169,8 @@ pub struct Fleet {
     pub jobs: Vec<Job>,
     pub job_types: Vec<JobType>,
     pub xids: Vec<XidCategory>,
+    /// The imported trace's GPU time by job type and by folded state.
+    pub trace_shares: Vec<TraceShare>,
     pub read: ReadStats,
 }
 
@@ -353,6 +367,7 @@ pub async fn fleet(
     let jobs = gpus.jobs(&trace);
     let job_types = job_types(&gpus.jobs, &gpus.job_names, &trace);
     let xids = xid_categories(&events, &gpus.timeline, &names, &gpus.job_names);
+    let trace_shares = trace::shares(&trace);
     (stats.bytes_read, stats.requests) = counting.read();
     let gpu_count = gpus.throttle.len();
     let node_count = nodes.len();
@@ -370,6 +385,7 @@ pub async fn fleet(
         jobs,
         job_types,
         xids,
+        trace_shares,
         read: stats,
     }))
 }

@@ -1,13 +1,14 @@
 //! The imported scheduler trace (`import-jobs`), one record per job: the
 //! scheduler_job_latest view of schemas/sql/views.sql.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use object_store::ObjectStore;
 
 use super::super::ReportError;
 use super::super::read::{ReadStats, all_rows_of, list};
+use super::TraceShare;
 use super::scan::Col;
 
 /// One job of the trace.
@@ -77,4 +78,48 @@ pub async fn latest(
         }
     }
     Ok(out.into_iter().map(|(id, (_, _, job))| (id, job)).collect())
+}
+
+/// gpu_time_share.sql's 'trace' scope: GPU jobs only (gpus > 0), a job's
+/// GPU time its gpu_time_s, else gpus × duration_s, else 0; TIMEOUT and
+/// NODE_FAIL folded into FAILED, as the study does. By job type, then by
+/// state, the largest GPU time first.
+pub fn shares(trace: &HashMap<String, TraceJob>) -> Vec<TraceShare> {
+    let mut groups: BTreeMap<(&'static str, String), (usize, f64)> = BTreeMap::new();
+    let mut total = 0.0;
+    for job in trace.values().filter(|j| j.gpus.is_some_and(|g| g > 0)) {
+        let gpu_s = job
+            .gpu_time_s
+            .or_else(|| Some(job.gpus? as f64 * job.duration_s?))
+            .unwrap_or(0.0);
+        total += gpu_s;
+        let job_type = job.job_type.clone().unwrap_or_else(|| "(untyped)".into());
+        let state = match job.state.as_deref() {
+            Some("TIMEOUT" | "NODE_FAIL") => "FAILED".to_owned(),
+            Some(s) => s.to_owned(),
+            None => "(unknown)".to_owned(),
+        };
+        for key in [("job_type", job_type), ("state", state)] {
+            let g = groups.entry(key).or_default();
+            g.0 += 1;
+            g.1 += gpu_s;
+        }
+    }
+    let mut out: Vec<TraceShare> = groups
+        .into_iter()
+        .map(|((dimension, value), (jobs, gpu_time_s))| TraceShare {
+            dimension,
+            value,
+            jobs,
+            gpu_time_s,
+            share: (total > 0.0).then(|| gpu_time_s / total),
+        })
+        .collect();
+    out.sort_by(|a, b| {
+        (a.dimension != "job_type")
+            .cmp(&(b.dimension != "job_type"))
+            .then(b.gpu_time_s.total_cmp(&a.gpu_time_s))
+            .then_with(|| a.value.cmp(&b.value))
+    });
+    out
 }

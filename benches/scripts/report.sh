@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The fleet report (`gputel-collector report`) over the benchmark day of
+# 1,000 simulated nodes (see day_store in common.sh: 11.5 M gpu rows at one
+# sample per 60 s), native and resampled to 15 s windows, and one job's
+# report (`gputel-collector job`): wall time, whole-process CPU and peak RSS
+# from /usr/bin/time -v, best of three, with the load average beside them.
+#
+#   benches/scripts/report.sh [INTERVAL] [NODES]   # default 60 1000
+cd "$(dirname "$0")/../.."
+source benches/scripts/common.sh
+
+interval=${1:-60}
+nodes=${2:-1000}
+build_release
+day_store "$interval" "$nodes"
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+
+machine
+printf 'store: %s, %s gpu files, %s in all\n' "$store" \
+  "$(find "$store/gpu" -name '*.parquet' | wc -l)" "$(du -sh "$store" | cut -f1)"
+# Best of three (the files are in the page cache after the first).
+measure() {
+  local what=$1
+  shift
+  local best_wall= best_line=
+  for _ in 1 2 3; do
+    /usr/bin/time -v -o "$out/time" "$@" >"$out/stdout" 2>"$out/stderr" \
+      || die "$what failed: $(tail -3 "$out/stderr")"
+    local wall cpu rss
+    wall=$(sed -n 's/.*Elapsed (wall clock) time (h:mm:ss or m:ss): //p' "$out/time" \
+      | awk -F: '{ s = 0; for (i = 1; i <= NF; i++) s = s * 60 + $i; print s }')
+    cpu=$(awk -F': ' '/User time|System time/ { s += $2 } END { printf "%.2f", s }' "$out/time")
+    rss=$(awk -F': ' '/Maximum resident set size/ { printf "%.0f", $2 / 1024 }' "$out/time")
+    if [[ -z $best_wall ]] || awk -v a="$wall" -v b="$best_wall" 'BEGIN { exit !(a < b) }'; then
+      best_wall=$wall
+      best_line=$(printf '%-34s %6.2f s wall, %6s s CPU, %5s MB peak RSS' "$what:" "$wall" "$cpu" "$rss")
+    fi
+  done
+  printf '%s (load average %s)\n' "$best_line" "$(cut -d' ' -f1 /proc/loadavg)"
+}
+measure "report, whole day" "$COLLECTOR" report --store "$store" --out "$out/r.html"
+measure "report, whole day, 15 s windows" "$COLLECTOR" report --store "$store" --out "$out/r.html" \
+  --resample 15s
+measure "report, one hour" "$COLLECTOR" report --store "$store" --out "$out/r.html" \
+  --from 2024-06-12T12:00:00Z --to 2024-06-12T12:59:59Z
+job=$("$COLLECTOR" report --store "$store" --out "$out/r.html" --from 2024-06-12T12:00:00Z \
+  --to 2024-06-12T12:00:59Z --json | head -1 | python3 -c 'import json, sys; print(json.load(sys.stdin)["jobs"][0]["job_id"])')
+measure "job $job" "$COLLECTOR" job "$job" --store "$store"
+tail -1 "$out/stdout"
