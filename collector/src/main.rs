@@ -229,12 +229,13 @@ async fn fleet_report_outcome(args: &FleetReport) -> anyhow::Result<Result<Strin
         );
     }
     Ok(Ok(format!(
-        "wrote {}: {} figures from {} GPU samples of {} GPUs on {} nodes ({}); open it in a browser",
+        "wrote {}: {} figures from {} GPU samples of {} GPUs on {} node{} ({}); open it in a browser",
         args.out.display(),
         figures.len(),
         fleet.gpu_rows,
         fleet.gpus,
         fleet.nodes,
+        if fleet.nodes == 1 { "" } else { "s" },
         match (&fleet.first_ts, &fleet.last_ts) {
             (Some(a), Some(b)) => format!("{a} to {b}"),
             _ => "no GPU samples".into(),
