@@ -314,17 +314,25 @@ pub struct FleetReport {
 impl FleetReport {
     /// Store and S3 settings: the flag over the `--config` file over the default.
     pub fn resolve(&self) -> Result<(String, S3Options), ConfigError> {
-        let file = match &self.config {
-            Some(path) => read_file(path)?,
-            None => Settings::default(),
-        };
-        let store = self
-            .store
-            .clone()
-            .or(file.store.clone())
-            .unwrap_or_else(|| DEFAULT_STORE.to_owned());
-        Ok((store, file.s3_options()))
+        report_store(self.store.as_deref(), self.config.as_deref())
     }
+}
+
+/// A report's store and S3 settings: `store` (the flag) over the store of
+/// the `config` file over the default.
+fn report_store(
+    store: Option<&str>,
+    config: Option<&Path>,
+) -> Result<(String, S3Options), ConfigError> {
+    let file = match config {
+        Some(path) => read_file(path)?,
+        None => Settings::default(),
+    };
+    let store = store
+        .map(str::to_owned)
+        .or(file.store.clone())
+        .unwrap_or_else(|| DEFAULT_STORE.to_owned());
+    Ok((store, file.s3_options()))
 }
 
 /// `gputel-collector job`.
@@ -371,16 +379,7 @@ pub struct JobReport {
 impl JobReport {
     /// Store and S3 settings: the flag over the `--config` file over the default.
     pub fn resolve(&self) -> Result<(String, S3Options), ConfigError> {
-        let file = match &self.config {
-            Some(path) => read_file(path)?,
-            None => Settings::default(),
-        };
-        let store = self
-            .store
-            .clone()
-            .or(file.store.clone())
-            .unwrap_or_else(|| DEFAULT_STORE.to_owned());
-        Ok((store, file.s3_options()))
+        report_store(self.store.as_deref(), self.config.as_deref())
     }
 }
 

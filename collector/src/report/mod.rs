@@ -53,15 +53,11 @@ pub struct Query {
 
 impl Query {
     fn covers(&self, hour: PartitionKey) -> bool {
-        let Some(start) = hour
-            .date()
-            .and_hms_opt(u32::from(hour.hour()), 0, 0)
-            .map(|t| t.and_utc().timestamp_micros())
-        else {
-            return false;
-        };
-        let end = start + 3_600_000_000;
-        self.from_us.is_none_or(|from| end > from) && self.to_us.is_none_or(|to| start <= to)
+        fleet::Window {
+            from_us: self.from_us,
+            to_us: self.to_us,
+        }
+        .covers_hour(hour)
     }
 }
 

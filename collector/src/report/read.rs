@@ -268,6 +268,34 @@ pub async fn exists(store: &dyn ObjectStore, prefix: &str) -> Result<bool, Repor
     Ok(!listed.objects.is_empty() || !listed.common_prefixes.is_empty())
 }
 
+/// A reader of one file of the store (its footer read), and how to name
+/// the file in a decoding error.
+async fn open(
+    store: Arc<dyn ObjectStore>,
+    file: &ObjectMeta,
+) -> Result<
+    (
+        ParquetRecordBatchStreamBuilder<StoreFile>,
+        impl Fn(parquet::errors::ParquetError) -> ReportError + use<>,
+    ),
+    ReportError,
+> {
+    let path = file.location.to_string();
+    let decode = move |source| ReportError::Decode {
+        path: path.clone(),
+        source,
+    };
+    let reader = StoreFile {
+        store,
+        path: file.location.clone(),
+        size: file.size,
+    };
+    let builder = ParquetRecordBatchStreamBuilder::new(reader)
+        .await
+        .map_err(&decode)?;
+    Ok((builder, decode))
+}
+
 /// What one file gave.
 #[derive(Debug, Default)]
 pub struct FileRows {
@@ -285,19 +313,7 @@ pub async fn job_rows(
     matching: Match,
     columns: &[&str],
 ) -> Result<FileRows, ReportError> {
-    let path = file.location.to_string();
-    let decode = |source| ReportError::Decode {
-        path: path.clone(),
-        source,
-    };
-    let reader = StoreFile {
-        store,
-        path: file.location.clone(),
-        size: file.size,
-    };
-    let mut builder = ParquetRecordBatchStreamBuilder::new(reader)
-        .await
-        .map_err(decode)?;
+    let (mut builder, decode) = open(store, file).await?;
     let schema = builder.parquet_schema().clone();
     let Some(job_column) = schema.columns().iter().position(|c| c.name() == "job_id") else {
         return Ok(FileRows::default());
@@ -309,7 +325,7 @@ pub async fn job_rows(
             && let Some(bloom) = builder
                 .get_row_group_column_bloom_filter(row_group, job_column)
                 .await
-                .map_err(decode)?
+                .map_err(&decode)?
             && !bloom.check(job)
         {
             continue;
@@ -334,10 +350,10 @@ pub async fn job_rows(
         .with_projection(projection)
         .with_row_filter(RowFilter::new(vec![Box::new(predicate)]))
         .build()
-        .map_err(decode)?
+        .map_err(&decode)?
         .try_collect()
         .await
-        .map_err(decode)?;
+        .map_err(&decode)?;
     Ok(FileRows {
         batches,
         row_groups: row_groups as u64,
@@ -352,29 +368,17 @@ pub async fn all_rows(
     file: &ObjectMeta,
     columns: &[&str],
 ) -> Result<FileRows, ReportError> {
-    let path = file.location.to_string();
-    let decode = |source| ReportError::Decode {
-        path: path.clone(),
-        source,
-    };
-    let reader = StoreFile {
-        store,
-        path: file.location.clone(),
-        size: file.size,
-    };
-    let builder = ParquetRecordBatchStreamBuilder::new(reader)
-        .await
-        .map_err(decode)?;
+    let (builder, decode) = open(store, file).await?;
     let row_groups = builder.metadata().num_row_groups() as u64;
     let projection = ProjectionMask::columns(builder.parquet_schema(), columns.iter().copied());
     let batches: Vec<RecordBatch> = builder
         .with_projection(projection)
         .with_batch_size(8192)
         .build()
-        .map_err(decode)?
+        .map_err(&decode)?
         .try_collect()
         .await
-        .map_err(decode)?;
+        .map_err(&decode)?;
     Ok(FileRows {
         batches,
         row_groups,
