@@ -247,7 +247,7 @@ fn the_report_states_what_the_shipped_sql_computes() {
     let thousand = query(&store, "SET VARIABLE cdf_points = 1000", "fleet_cdf.sql");
     assert_eq!(thousand.len(), 1000);
     for (i, row) in thousand.iter().enumerate() {
-        for (metric, _) in &per_metric {
+        for metric in per_metric.keys() {
             close(
                 &format!("1000-point {metric} #{i}"),
                 exported.get(&(metric.clone(), i)).copied(),

@@ -411,6 +411,10 @@ fn cdf_order() -> impl Iterator<Item = &'static str> {
     .into_iter()
 }
 
+/// Each GPU's (node, gpu) job over time: (from µs, job), a new entry
+/// whenever the job changes.
+type Timeline = HashMap<(u32, i64), Vec<(i64, Option<u32>)>>;
+
 /// What the gpu scan adds up.
 struct GpuSums {
     metrics: Vec<Windowed>,
@@ -420,7 +424,7 @@ struct GpuSums {
     jobs: HashMap<u32, JobSums>,
     job_names: Names,
     /// Each GPU's job over time, for events that carry none: (from, job).
-    timeline: HashMap<(u32, i64), Vec<(i64, Option<u32>)>>,
+    timeline: Timeline,
     rows: u64,
     first_us: i64,
     last_us: i64,
@@ -703,7 +707,7 @@ async fn read_events(
 /// before it (the event_attributed view).
 fn xid_categories(
     events: &[XidEvent],
-    timeline: &HashMap<(u32, i64), Vec<(i64, Option<u32>)>>,
+    timeline: &Timeline,
     names: &Names,
     job_names: &Names,
 ) -> Vec<XidCategory> {
