@@ -1428,6 +1428,173 @@ mod tests {
         assert_eq!(metrics.renders(), 2);
     }
 
+    /// Every family at once: eight H100s (one with a job, one with a model
+    /// name to escape, one split into a MIG device), a bare A100, XIDs and
+    /// other events (on a GPU that left the rows, and on one that never had
+    /// a row), the node and four IB ports, over two ticks.
+    fn every_family() -> Metrics {
+        let metrics = node_017();
+        let gpus = |tick: u32| -> Vec<GpuSample> {
+            let mut rows: Vec<GpuSample> = (0..8)
+                .map(|gpu| {
+                    let mut row = h100(gpu);
+                    row.ts_us = TS_US + i64::from(tick) * 1_000_000;
+                    row.temperature_c = Some(50 + gpu + tick);
+                    row.power_mw = Some(400_000 + 1_117 * gpu + 13 * tick);
+                    row.energy_mj = Some(123_456_789 + 400_000 * u64::from(tick));
+                    row.sm_active_pct = Some(90.0 + gpu as f32 / 3.0);
+                    row.pcie_tx_bytes_per_s = Some(1_000_000 + u64::from(gpu));
+                    row
+                })
+                .collect();
+            rows[2].job_id = Some("4242".into());
+            rows[3].model = "a \"quoted\" \\ model\n".into();
+            rows[7].mig_mode = Some(true);
+            rows.push(GpuSample {
+                ts_us: rows[7].ts_us,
+                gpu: 7,
+                uuid: rows[7].uuid.clone(),
+                model: rows[7].model.clone(),
+                pci_bus_id: rows[7].pci_bus_id.clone(),
+                gpu_instance_id: Some(9),
+                compute_instance_id: Some(0),
+                mig_profile: Some("1g.10gb".into()),
+                fb_used_bytes: Some(5 * MIB + 7),
+                job_id: Some("77".into()),
+                ..GpuSample::default()
+            });
+            if tick == 0 {
+                rows.push(GpuSample {
+                    ts_us: TS_US,
+                    gpu: 8,
+                    uuid: "GPU-a100".into(),
+                    model: "NVIDIA A100-SXM4-80GB".into(),
+                    temperature_c: Some(34),
+                    ..GpuSample::default()
+                });
+            }
+            rows
+        };
+        let node = NodeSample {
+            ts_us: TS_US,
+            cpu_count: 224,
+            cpu_user_pct: Some(45.2),
+            cpu_system_pct: Some(3.1),
+            cpu_iowait_pct: Some(0.25),
+            cpu_idle_pct: Some(51.45),
+            memory_total_bytes: Some(2_164_110_770_176),
+            memory_used_bytes: Some(242_539_954_176),
+            memory_available_bytes: Some(1_921_570_816_000),
+            load1: Some(23.41),
+            load5: Some(22.87),
+            load15: Some(21.96),
+            cpu_package_energy_uj: Some(240_422_366_267),
+            dram_energy_uj: Some(1_234_567),
+            cpu_package_power_w: Some(151.25),
+            dram_power_w: Some(20.5),
+            ..NodeSample::default()
+        };
+        let port = |device: &str, port: u32, state: &str| IbPortSample {
+            ts_us: TS_US,
+            device: device.into(),
+            port,
+            state: state.into(),
+            rate_gbps: Some(400.0),
+            xmit_bytes: Some(7_937_843_893_307_364 + u64::from(port)),
+            rcv_bytes: Some(1_000),
+            xmit_packets: Some(10),
+            rcv_packets: Some(11),
+            xmit_bytes_per_s: Some(12_345.5),
+            rcv_bytes_per_s: Some(0.125),
+            symbol_error: Some(0),
+            link_downed: Some(1),
+            state_id: Some(4),
+            phys_state: Some("LinkUp".into()),
+            phys_state_id: Some(5),
+            unicast_xmit_packets: Some(61_239),
+            vl15_dropped: Some(2),
+            board_id: Some("MT_0000000838".into()),
+            fw_ver: Some("28.39.1002".into()),
+            hca_type: (device != "mlx5_1").then(|| "MT4129".into()),
+            ..IbPortSample::default()
+        };
+        let ib = vec![
+            port("mlx5_0", 1, "ACTIVE"),
+            port("mlx5_0", 2, "DOWN"),
+            port("mlx5_1", 1, "ACTIVE"),
+            port("mlx5_2", 1, "INIT"),
+        ];
+        let event = |gpu: u32, uuid: &str, kind: EventKind, code: u64| GpuEvent {
+            ts_us: TS_US,
+            gpu,
+            uuid: uuid.into(),
+            kind: kind as i32,
+            code,
+            ..GpuEvent::default()
+        };
+        metrics.record_at(
+            &Batch {
+                gpu: gpus(0),
+                node: vec![node.clone()],
+                ib: ib.clone(),
+                event: vec![
+                    xid(1, 79),
+                    xid(1, 48),
+                    xid(2, 999),
+                    event(8, "GPU-a100", EventKind::Xid, 13),
+                    event(8, "GPU-a100", EventKind::GpuLost, 0),
+                    event(12, "GPU-never-seen", EventKind::Xid, 31),
+                    event(4, &h100(4).uuid, EventKind::ThermalThrottle, 0),
+                ],
+                ..Batch::default()
+            },
+            TS_US + 1500,
+        );
+        metrics.record_at(
+            &Batch {
+                gpu: gpus(1),
+                node: vec![NodeSample {
+                    ts_us: TS_US + 1_000_000,
+                    ..node
+                }],
+                ib,
+                event: vec![
+                    xid(1, 79),
+                    event(4, &h100(4).uuid, EventKind::PowerThrottle, 0),
+                ],
+                ..Batch::default()
+            },
+            TS_US + 1_002_500,
+        );
+        metrics
+    }
+
+    /// The page of [`every_family`], byte for byte as the prometheus
+    /// crate's text encoder wrote it (`testdata/every_family.txt`, the
+    /// agent's version replaced by VERSION), so a change of how pages are
+    /// made cannot change what they say. `GPUTEL_WRITE_GOLDEN=1` rewrites
+    /// the file (then build and run again).
+    #[test]
+    fn every_family_renders_as_the_golden_page() {
+        let page = every_family().render().expect("render").replace(
+            concat!("version=\"", env!("CARGO_PKG_VERSION"), "\""),
+            "version=\"VERSION\"",
+        );
+        if std::env::var_os("GPUTEL_WRITE_GOLDEN").is_some() {
+            std::fs::write(
+                concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/src/metrics/testdata/every_family.txt"
+                ),
+                &page,
+            )
+            .expect("write the golden page");
+        }
+        let golden = include_str!("testdata/every_family.txt");
+        assert_eq!(page, golden);
+        assert_eq!(page.matches("# TYPE ").count(), 69);
+    }
+
     #[test]
     fn label_values_are_escaped() {
         let metrics = Metrics::new("n");
