@@ -23,22 +23,23 @@ mod gpu;
 mod ib;
 mod node;
 mod serve;
+mod text;
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use bytes::Bytes;
 use gputel_proto::{Batch, EventKind, GpuSample, IbPortSample, NodeSample};
-use prometheus::TextEncoder;
-use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
+use tracing::warn;
 
 use crate::clock::now_us;
 use gpu::*;
 use ib::*;
 use node::*;
 pub use serve::{BindError, accepts_gzip, bind, serve};
+use text::{Labels, Text};
 
 /// The scrape path.
 pub const PATH: &str = "/metrics";
@@ -48,6 +49,9 @@ pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// level 1 gives 7.9 KB in a seventh of level 6's CPU (6.3 KB); see
 /// `metrics_scrape` in benches/README.md.
 const GZIP_LEVEL: u32 = 1;
+/// Room for a page of 8 GPUs, 4 IB ports and some events (89 KB), so the
+/// page is written without growing its buffer.
+const PAGE_CAPACITY: usize = 128 * 1024;
 
 /// dcgm-exporter's label names on every per-GPU series.
 const LABEL_GPU: &str = "gpu";
@@ -153,16 +157,10 @@ pub struct Page {
 /// replaces the whole cache, so no page outlives the rows it shows.
 #[derive(Debug, Default)]
 struct PageCache {
-    /// The text; set once, never cleared.
-    plain: Mutex<Option<Bytes>>,
-    /// `plain` gzip-compressed; set once, on the first gzip request.
-    gzip: Mutex<Option<Bytes>>,
-}
-
-impl PageCache {
-    fn is_rendered(&self) -> bool {
-        lock(&self.plain).is_some()
-    }
+    /// The text.
+    plain: OnceLock<Bytes>,
+    /// The text gzip-compressed, made on the first gzip request.
+    gzip: OnceLock<Bytes>,
 }
 
 /// What every per-GPU series says of the node.
@@ -317,49 +315,46 @@ impl Metrics {
 
     /// The page for a scrape that wants `encoding`: the cached bytes of the
     /// last tick's page, rendered (and compressed) first if no scrape since
-    /// that tick has done it. Errors are not cached: the next scrape tries
-    /// again.
-    pub fn scrape(&self, encoding: Encoding) -> Result<Page, prometheus::Error> {
+    /// that tick has done it.
+    pub fn scrape(&self, encoding: Encoding) -> Page {
         // The page and the state it shows are taken under one lock, so a
         // tick in between cannot put its values in the previous tick's page.
         let (page, snapshot) = {
             let state = self.lock();
             let page = Arc::clone(&state.page);
-            let snapshot = (!page.is_rendered()).then(|| state.clone());
+            let snapshot = page.plain.get().is_none().then(|| state.clone());
             (page, snapshot)
         };
-        let plain = {
-            let mut plain = lock(&page.plain);
-            match (&*plain, snapshot) {
-                (Some(bytes), _) => bytes.clone(),
-                (None, Some(snapshot)) => {
-                    let bytes = Bytes::from(self.render_state(&snapshot)?);
-                    *plain = Some(bytes.clone());
-                    bytes
-                }
-                (None, None) => unreachable!("a rendered page is never cleared"),
-            }
-        };
+        let plain = page
+            .plain
+            .get_or_init(|| match &snapshot {
+                Some(state) => Bytes::from(self.render_state(state)),
+                // Rendered when the page was taken: not called.
+                None => Bytes::from(self.render()),
+            })
+            .clone();
         let body = match encoding {
             Encoding::Identity => plain,
-            Encoding::Gzip => {
-                let mut compressed = lock(&page.gzip);
-                match &*compressed {
-                    Some(bytes) => bytes.clone(),
-                    None => {
-                        let bytes = Bytes::from(gzip(&plain)?);
-                        *compressed = Some(bytes.clone());
-                        bytes
+            Encoding::Gzip => match page.gzip.get() {
+                Some(bytes) => bytes.clone(),
+                None => match gzip(&plain) {
+                    Ok(bytes) => page.gzip.get_or_init(|| Bytes::from(bytes)).clone(),
+                    Err(e) => {
+                        warn!(error = %e, "cannot gzip /metrics; sending it uncompressed");
+                        return Page {
+                            body: plain,
+                            encoding: Encoding::Identity,
+                        };
                     }
-                }
-            }
+                },
+            },
         };
-        Ok(Page { body, encoding })
+        Page { body, encoding }
     }
 
     /// Every metric in the text exposition format 0.0.4, rendered now
     /// (uncached; scrapes use [`Metrics::scrape`]).
-    pub fn render(&self) -> Result<String, prometheus::Error> {
+    pub fn render(&self) -> String {
         let state = self.lock().clone();
         self.render_state(&state)
     }
@@ -369,12 +364,11 @@ impl Metrics {
         self.renders.load(Ordering::Relaxed)
     }
 
-    fn render_state(&self, state: &Recorded) -> Result<String, prometheus::Error> {
+    fn render_state(&self, state: &Recorded) -> String {
         self.renders.fetch_add(1, Ordering::Relaxed);
-        let families = state.families(&self.host);
-        let mut out = String::with_capacity(128 * 1024);
-        TextEncoder::new().encode_utf8(&families, &mut out)?;
-        Ok(out)
+        let mut text = Text::with_capacity(PAGE_CAPACITY);
+        state.write(&self.host, &mut text);
+        text.finish()
     }
 
     fn lock(&self) -> MutexGuard<'_, Recorded> {
@@ -412,39 +406,69 @@ fn mig_labels(sample: &GpuSample) -> Option<(&str, u32)> {
     Some((sample.mig_profile.as_deref().unwrap_or_default(), gi))
 }
 
+/// A GPU's identity, borrowed from a row or from [`GpuIdentity`].
+#[derive(Debug, Clone, Copy)]
+struct Id<'a> {
+    gpu: u32,
+    uuid: &'a str,
+    model: &'a str,
+    pci_bus_id: &'a str,
+}
+
+impl GpuIdentity {
+    fn id(&self) -> Id<'_> {
+        Id {
+            gpu: self.gpu,
+            uuid: &self.uuid,
+            model: &self.model,
+            pci_bus_id: &self.pci_bus_id,
+        }
+    }
+}
+
+/// The identity a GPU row gives.
+fn id_of(row: &GpuSample) -> Id<'_> {
+    Id {
+        gpu: row.gpu,
+        uuid: &row.uuid,
+        model: &row.model,
+        pci_bus_id: row.pci_bus_id.as_deref().unwrap_or_default(),
+    }
+}
+
 /// dcgm-exporter's labels of one GPU (or MIG device), in its order: the
 /// GPU's identity, the MIG device's, the host, the driver version, then
 /// `attributes` (already sorted by name) and `hpc_job` (which sorts after
 /// `err_code` and `err_msg`).
 fn gpu_labels(
-    identity: &GpuIdentity,
+    id: Id<'_>,
     mig: Option<(&str, u32)>,
     host: &HostLabels,
-    attributes: &[(&str, String)],
+    attributes: &[(&str, &str)],
     job: Option<&str>,
-) -> Vec<LabelPair> {
-    let mut labels = vec![
-        label(LABEL_GPU, identity.gpu.to_string()),
-        label(LABEL_UUID, identity.uuid.as_str()),
-        label(LABEL_PCI_BUS_ID, identity.pci_bus_id.as_str()),
-        // dcgm-exporter names the device node, nvidia<minor>; the minor number
-        // is not on the wire and equals the index on ordinary systems.
-        label(LABEL_DEVICE, format!("nvidia{}", identity.gpu)),
-        label(LABEL_MODEL, identity.model.as_str()),
-    ];
+) -> Labels {
+    // dcgm-exporter names the device node, nvidia<minor>; the minor number
+    // is not on the wire and equals the index on ordinary systems.
+    let mut labels = Labels::new()
+        .with(LABEL_GPU, &id.gpu.to_string())
+        .with(LABEL_UUID, id.uuid)
+        .with(LABEL_PCI_BUS_ID, id.pci_bus_id)
+        .with(LABEL_DEVICE, &format!("nvidia{}", id.gpu))
+        .with(LABEL_MODEL, id.model);
     if let Some((profile, gi)) = mig {
-        labels.push(label(LABEL_MIG_PROFILE, profile));
-        labels.push(label(LABEL_MIG_ID, gi.to_string()));
+        labels = labels
+            .with(LABEL_MIG_PROFILE, profile)
+            .with(LABEL_MIG_ID, &gi.to_string());
     }
-    labels.push(label(host.label.name(), host.hostname.as_str()));
+    labels = labels.with(host.label.name(), &host.hostname);
     if let Some(version) = &host.driver_version {
-        labels.push(label(LABEL_DRIVER_VERSION, version.as_str()));
+        labels = labels.with(LABEL_DRIVER_VERSION, version);
     }
     for (name, value) in attributes {
-        labels.push(label(name, value.as_str()));
+        labels = labels.with(name, value);
     }
     if let Some(job) = job {
-        labels.push(label(LABEL_HPC_JOB, job));
+        labels = labels.with(LABEL_HPC_JOB, job);
     }
     labels
 }
@@ -452,44 +476,33 @@ fn gpu_labels(
 /// The labels of gputel's own per-GPU series: dcgm-exporter's identity and
 /// host labels, in its order, without the camelCase `modelName` and the
 /// driver version (join on `UUID` for those).
-fn gputel_gpu_labels(identity: &GpuIdentity, host: &HostLabels) -> Vec<LabelPair> {
-    vec![
-        label(LABEL_GPU, identity.gpu.to_string()),
-        label(LABEL_UUID, identity.uuid.as_str()),
-        label(LABEL_PCI_BUS_ID, identity.pci_bus_id.as_str()),
-        label(LABEL_DEVICE, format!("nvidia{}", identity.gpu)),
-        label(host.label.name(), host.hostname.as_str()),
-    ]
-}
-
-/// The identity a GPU row gives.
-fn identity_of(row: &GpuSample) -> GpuIdentity {
-    GpuIdentity {
-        gpu: row.gpu,
-        uuid: row.uuid.clone(),
-        model: row.model.clone(),
-        pci_bus_id: row.pci_bus_id.clone().unwrap_or_default(),
-    }
+fn gputel_gpu_labels(id: Id<'_>, host: &HostLabels) -> Labels {
+    Labels::new()
+        .with(LABEL_GPU, &id.gpu.to_string())
+        .with(LABEL_UUID, id.uuid)
+        .with(LABEL_PCI_BUS_ID, id.pci_bus_id)
+        .with(LABEL_DEVICE, &format!("nvidia{}", id.gpu))
+        .with(host.label.name(), &host.hostname)
 }
 
 impl Recorded {
-    fn families(&self, host: &HostLabels) -> Vec<MetricFamily> {
+    /// Writes every family with a series, in the page's order.
+    fn write(&self, host: &HostLabels, text: &mut Text) {
         let tick = &self.tick;
-        let mut out = Vec::new();
+        let no_labels = Labels::new();
 
-        let row_labels: Vec<Vec<LabelPair>> = tick
+        let row_labels: Vec<Labels> = tick
             .gpu
             .iter()
-            .map(|g| gpu_labels(&identity_of(g), mig_labels(g), host, &[], hpc_job(g)))
+            .map(|g| gpu_labels(id_of(g), mig_labels(g), host, &[], hpc_job(g)))
             .collect();
         for m in GPU_METRICS {
-            let series = tick
-                .gpu
-                .iter()
-                .zip(&row_labels)
-                .filter_map(|(g, labels)| (m.value)(g).map(|v| sample(labels.clone(), m.kind, v)))
-                .collect();
-            push(&mut out, m.name, m.help, m.kind, series);
+            text.family(m.name, m.help, m.kind);
+            for (g, labels) in tick.gpu.iter().zip(&row_labels) {
+                if let Some(v) = (m.value)(g) {
+                    text.sample(labels, &[], v);
+                }
+            }
         }
 
         // Events: GPUs keep their series after they leave the rows (a GPU
@@ -500,190 +513,118 @@ impl Recorded {
                 .find(|g| g.gpu == gpu && g.uuid == uuid && g.gpu_instance_id.is_none())
                 .and_then(hpc_job)
         };
-        let mut last_xid = Vec::new();
-        let mut xids = Vec::new();
-        let mut kinds = Vec::new();
-        for ((gpu, uuid), events) in &self.events {
-            let identity = self
-                .identity
-                .iter()
-                .find(|k| k.gpu == *gpu && k.uuid == *uuid)
-                .cloned()
-                // A GPU lost before its first row: all that is known.
-                .unwrap_or_else(|| GpuIdentity {
-                    gpu: *gpu,
-                    uuid: uuid.clone(),
-                    ..GpuIdentity::default()
-                });
+        let with_events: Vec<(Id<'_>, &GpuEvents)> = self
+            .events
+            .iter()
+            .map(|((gpu, uuid), events)| {
+                let id = self
+                    .identity
+                    .iter()
+                    .find(|k| k.gpu == *gpu && k.uuid == *uuid)
+                    .map_or(
+                        // A GPU lost before its first row: all that is known.
+                        Id {
+                            gpu: *gpu,
+                            uuid,
+                            model: "",
+                            pci_bus_id: "",
+                        },
+                        GpuIdentity::id,
+                    );
+                (id, events)
+            })
+            .collect();
+        text.family(XID_LAST, XID_LAST_HELP, Kind::Gauge);
+        for (id, events) in &with_events {
             if let Some(xid) = events.last_xid {
                 // dcgm-exporter's attributes of this family, sorted by name.
+                let code = xid.to_string();
                 let attributes = [
-                    (LABEL_ERR_CODE, xid.to_string()),
-                    (LABEL_ERR_MSG, gputel_schemas::xid::err_msg(xid).to_owned()),
+                    (LABEL_ERR_CODE, code.as_str()),
+                    (LABEL_ERR_MSG, gputel_schemas::xid::err_msg(xid)),
                 ];
-                let labels = gpu_labels(&identity, None, host, &attributes, job_of(*gpu, uuid));
-                last_xid.push(sample(labels, Kind::Gauge, xid as f64));
-            }
-            let labels = gputel_gpu_labels(&identity, host);
-            for (xid, count) in &events.xids {
-                let mut labels = labels.clone();
-                labels.push(label("xid", xid.to_string()));
-                xids.push(sample(labels, Kind::Counter, *count as f64));
-            }
-            for (kind, count) in &events.kinds {
-                let mut labels = labels.clone();
-                labels.push(label("kind", *kind));
-                kinds.push(sample(labels, Kind::Counter, *count as f64));
+                let labels = gpu_labels(*id, None, host, &attributes, job_of(id.gpu, id.uuid));
+                text.sample(&labels, &[], xid as f64);
             }
         }
-        push(&mut out, XID_LAST, XID_LAST_HELP, Kind::Gauge, last_xid);
-        push(&mut out, XID_EVENTS, XID_EVENTS_HELP, Kind::Counter, xids);
-        push(&mut out, GPU_EVENTS, GPU_EVENTS_HELP, Kind::Counter, kinds);
+        let own_labels: Vec<Labels> = with_events
+            .iter()
+            .map(|(id, _)| gputel_gpu_labels(*id, host))
+            .collect();
+        text.family(XID_EVENTS, XID_EVENTS_HELP, Kind::Counter);
+        for ((_, events), labels) in with_events.iter().zip(&own_labels) {
+            for (xid, count) in &events.xids {
+                text.sample(labels, &[("xid", &xid.to_string())], *count as f64);
+            }
+        }
+        text.family(GPU_EVENTS, GPU_EVENTS_HELP, Kind::Counter);
+        for ((_, events), labels) in with_events.iter().zip(&own_labels) {
+            for (kind, count) in &events.kinds {
+                text.sample(labels, &[("kind", kind)], *count as f64);
+            }
+        }
 
         if let Some(node) = &tick.node {
             for m in NODE_METRICS {
-                let series = (m.value)(node)
-                    .map(|v| sample(Vec::new(), m.kind, v))
-                    .into_iter()
-                    .collect();
-                push(&mut out, m.name, m.help, m.kind, series);
+                text.family(m.name, m.help, m.kind);
+                if let Some(v) = (m.value)(node) {
+                    text.sample(&no_labels, &[], v);
+                }
             }
-            let cpu = NODE_CPU_MODES
-                .iter()
-                .filter_map(|(mode, pct)| {
-                    pct(node)
-                        .and_then(ratio)
-                        .map(|v| sample(vec![label("mode", *mode)], Kind::Gauge, v))
-                })
-                .collect();
-            push(&mut out, NODE_CPU, NODE_CPU_HELP, Kind::Gauge, cpu);
+            text.family(NODE_CPU, NODE_CPU_HELP, Kind::Gauge);
+            for (mode, pct) in NODE_CPU_MODES {
+                if let Some(v) = pct(node).and_then(ratio) {
+                    text.sample(&no_labels, &[("mode", mode)], v);
+                }
+            }
         }
 
-        let port_labels: Vec<Vec<LabelPair>> = tick
+        let port_labels: Vec<Labels> = tick
             .ib
             .iter()
             .map(|p| {
-                vec![
-                    label("device", p.device.as_str()),
-                    label("port", p.port.to_string()),
-                ]
+                Labels::new()
+                    .with("device", &p.device)
+                    .with("port", &p.port.to_string())
             })
             .collect();
-        let states = tick
-            .ib
-            .iter()
-            .zip(&port_labels)
-            .map(|(p, labels)| {
-                let mut labels = labels.clone();
-                labels.push(label("state", p.state.as_str()));
-                sample(labels, Kind::Gauge, 1.0)
-            })
-            .collect();
-        push(&mut out, IB_STATE, IB_STATE_HELP, Kind::Gauge, states);
-        let mut devices: Vec<&IbPortSample> = Vec::new();
-        for p in &tick.ib {
-            if !devices.iter().any(|d| d.device == p.device) {
-                devices.push(p);
-            }
+        text.family(IB_STATE, IB_STATE_HELP, Kind::Gauge);
+        for (p, labels) in tick.ib.iter().zip(&port_labels) {
+            text.sample(labels, &[("state", &p.state)], 1.0);
         }
-        let info = devices
-            .into_iter()
-            .map(|p| {
-                let text = |v: &Option<String>| v.clone().unwrap_or_default();
-                let labels = vec![
-                    label("device", p.device.as_str()),
-                    label("board_id", text(&p.board_id)),
-                    label("firmware_version", text(&p.fw_ver)),
-                    label("hca_type", text(&p.hca_type)),
-                ];
-                sample(labels, Kind::Gauge, 1.0)
-            })
-            .collect();
-        push(&mut out, IB_INFO, IB_INFO_HELP, Kind::Gauge, info);
+        text.family(IB_INFO, IB_INFO_HELP, Kind::Gauge);
+        for (i, p) in tick.ib.iter().enumerate() {
+            // One series per device, from its first port.
+            if tick.ib[..i].iter().any(|d| d.device == p.device) {
+                continue;
+            }
+            let labels = Labels::new()
+                .with("device", &p.device)
+                .with("board_id", p.board_id.as_deref().unwrap_or_default())
+                .with("firmware_version", p.fw_ver.as_deref().unwrap_or_default())
+                .with("hca_type", p.hca_type.as_deref().unwrap_or_default());
+            text.sample(&labels, &[], 1.0);
+        }
         for m in IB_METRICS {
-            let series = tick
-                .ib
-                .iter()
-                .zip(&port_labels)
-                .filter_map(|(p, labels)| (m.value)(p).map(|v| sample(labels.clone(), m.kind, v)))
-                .collect();
-            push(&mut out, m.name, m.help, m.kind, series);
+            text.family(m.name, m.help, m.kind);
+            for (p, labels) in tick.ib.iter().zip(&port_labels) {
+                if let Some(v) = (m.value)(p) {
+                    text.sample(labels, &[], v);
+                }
+            }
         }
 
-        let info = vec![sample(
-            vec![label("version", env!("CARGO_PKG_VERSION"))],
-            Kind::Gauge,
-            1.0,
-        )];
-        push(&mut out, AGENT_INFO, AGENT_INFO_HELP, Kind::Gauge, info);
-        let ticks = vec![sample(Vec::new(), Kind::Counter, self.ticks as f64)];
-        push(
-            &mut out,
-            AGENT_TICKS,
-            AGENT_TICKS_HELP,
-            Kind::Counter,
-            ticks,
-        );
+        text.family(AGENT_INFO, AGENT_INFO_HELP, Kind::Gauge);
+        text.sample(&no_labels, &[("version", env!("CARGO_PKG_VERSION"))], 1.0);
+        text.family(AGENT_TICKS, AGENT_TICKS_HELP, Kind::Counter);
+        text.sample(&no_labels, &[], self.ticks as f64);
         if self.ticks > 0 {
-            let last = vec![sample(Vec::new(), Kind::Gauge, tick.ts_us as f64 / 1e6)];
-            push(
-                &mut out,
-                AGENT_LAST_TICK,
-                AGENT_LAST_TICK_HELP,
-                Kind::Gauge,
-                last,
-            );
-            let took = vec![sample(Vec::new(), Kind::Gauge, tick.duration_s)];
-            push(
-                &mut out,
-                AGENT_TICK_DURATION,
-                AGENT_TICK_DURATION_HELP,
-                Kind::Gauge,
-                took,
-            );
-        }
-        out
-    }
-}
-
-/// Adds a family unless it has no series (the format has no empty families).
-fn push(out: &mut Vec<MetricFamily>, name: &str, help: &str, kind: Kind, series: Vec<Metric>) {
-    if series.is_empty() {
-        return;
-    }
-    let mut family = MetricFamily::default();
-    family.set_name(name.to_owned());
-    family.set_help(help.to_owned());
-    family.set_field_type(match kind {
-        Kind::Gauge => MetricType::GAUGE,
-        Kind::Counter => MetricType::COUNTER,
-    });
-    family.set_metric(series);
-    out.push(family);
-}
-
-fn sample(labels: Vec<LabelPair>, kind: Kind, value: f64) -> Metric {
-    let mut metric = Metric::from_label(labels);
-    match kind {
-        Kind::Gauge => {
-            let mut gauge = Gauge::default();
-            gauge.set_value(value);
-            metric.set_gauge(gauge);
-        }
-        Kind::Counter => {
-            let mut counter = Counter::default();
-            counter.set_value(value);
-            metric.set_counter(counter);
+            text.family(AGENT_LAST_TICK, AGENT_LAST_TICK_HELP, Kind::Gauge);
+            text.sample(&no_labels, &[], tick.ts_us as f64 / 1e6);
+            text.family(AGENT_TICK_DURATION, AGENT_TICK_DURATION_HELP, Kind::Gauge);
+            text.sample(&no_labels, &[], tick.duration_s);
         }
     }
-    metric
-}
-
-fn label(name: &str, value: impl Into<String>) -> LabelPair {
-    let mut pair = LabelPair::default();
-    pair.set_name(name.to_owned());
-    pair.set_value(value.into());
-    pair
 }
 
 /// Milli-units to units (mW to W).
@@ -796,12 +737,7 @@ mod tests {
     }
 
     fn rendered(metrics: &Metrics) -> Vec<String> {
-        metrics
-            .render()
-            .unwrap()
-            .lines()
-            .map(str::to_owned)
-            .collect()
+        metrics.render().lines().map(str::to_owned).collect()
     }
 
     /// The sample lines (not comments) of metric `name`.
@@ -1289,7 +1225,7 @@ mod tests {
     fn before_the_first_tick_only_the_agent_reports() {
         let metrics = node_017();
         assert_eq!(
-            metrics.render().unwrap(),
+            metrics.render(),
             format!(
                 "# HELP gputel_agent_build_info Always 1; the version label is the agent's version.\n\
                  # TYPE gputel_agent_build_info gauge\n\
@@ -1328,20 +1264,20 @@ mod tests {
         metrics.record_at(&batch(TS_US, 61), TS_US);
         assert_eq!(metrics.renders(), 0, "recording renders nothing");
 
-        let first = metrics.scrape(Encoding::Identity).expect("scrape");
-        let second = metrics.scrape(Encoding::Identity).expect("scrape");
+        let first = metrics.scrape(Encoding::Identity);
+        let second = metrics.scrape(Encoding::Identity);
         assert_eq!(first.encoding, Encoding::Identity);
         assert_eq!(first.body, second.body);
         // The same buffer, not an equal copy.
         assert_eq!(first.body.as_ptr(), second.body.as_ptr());
         assert_eq!(metrics.renders(), 1);
         // What an uncached render of the same state gives.
-        let text = metrics.render().expect("render");
+        let text = metrics.render();
         assert_eq!(first.body, text.as_bytes());
         assert_eq!(metrics.renders(), 2);
 
-        let gzip = metrics.scrape(Encoding::Gzip).expect("scrape");
-        let again = metrics.scrape(Encoding::Gzip).expect("scrape");
+        let gzip = metrics.scrape(Encoding::Gzip);
+        let again = metrics.scrape(Encoding::Gzip);
         assert_eq!(gzip.encoding, Encoding::Gzip);
         assert_eq!(gzip.body.as_ptr(), again.body.as_ptr());
         assert_eq!(&gzip.body[..2], [0x1f, 0x8b], "a gzip member");
@@ -1355,7 +1291,7 @@ mod tests {
 
         // The next tick: new values, one new render.
         metrics.record_at(&batch(TS_US + 1_000_000, 75), TS_US + 1_000_000);
-        let next = metrics.scrape(Encoding::Gzip).expect("scrape");
+        let next = metrics.scrape(Encoding::Gzip);
         assert_eq!(metrics.renders(), 3);
         let next = String::from_utf8(gunzip(&next.body)).expect("UTF-8");
         let lines: Vec<String> = next.lines().map(str::to_owned).collect();
@@ -1367,7 +1303,7 @@ mod tests {
             series(&lines, "gputel_agent_ticks_total"),
             ["gputel_agent_ticks_total 2"]
         );
-        let plain = metrics.scrape(Encoding::Identity).expect("scrape");
+        let plain = metrics.scrape(Encoding::Identity);
         assert_eq!(plain.body, next.as_bytes());
         assert_eq!(metrics.renders(), 3);
     }
@@ -1377,8 +1313,8 @@ mod tests {
     #[test]
     fn the_page_before_the_first_tick_is_cached_until_the_first_tick() {
         let metrics = node_017();
-        let empty = metrics.scrape(Encoding::Identity).expect("scrape");
-        metrics.scrape(Encoding::Identity).expect("scrape");
+        let empty = metrics.scrape(Encoding::Identity);
+        metrics.scrape(Encoding::Identity);
         assert_eq!(metrics.renders(), 1);
         assert!(
             std::str::from_utf8(&empty.body)
@@ -1392,7 +1328,7 @@ mod tests {
             },
             TS_US,
         );
-        let page = metrics.scrape(Encoding::Identity).expect("scrape");
+        let page = metrics.scrape(Encoding::Identity);
         assert_eq!(metrics.renders(), 2);
         let text = std::str::from_utf8(&page.body).expect("UTF-8");
         assert!(text.contains("gputel_agent_ticks_total 1\n"), "{text}");
@@ -1411,7 +1347,7 @@ mod tests {
             },
             TS_US,
         );
-        let before = metrics.scrape(Encoding::Gzip).expect("scrape");
+        let before = metrics.scrape(Encoding::Gzip);
         metrics.record_at(
             &Batch {
                 gpu: vec![h100(0), h100(1)],
@@ -1419,7 +1355,7 @@ mod tests {
             },
             TS_US + 1_000_000,
         );
-        let after = metrics.scrape(Encoding::Gzip).expect("scrape");
+        let after = metrics.scrape(Encoding::Gzip);
         assert_ne!(before.body, after.body);
         let before = String::from_utf8(gunzip(&before.body)).expect("UTF-8");
         let after = String::from_utf8(gunzip(&after.body)).expect("UTF-8");
@@ -1576,7 +1512,7 @@ mod tests {
     /// the file (then build and run again).
     #[test]
     fn every_family_renders_as_the_golden_page() {
-        let page = every_family().render().expect("render").replace(
+        let page = every_family().render().replace(
             concat!("version=\"", env!("CARGO_PKG_VERSION"), "\""),
             "version=\"VERSION\"",
         );
@@ -1607,7 +1543,7 @@ mod tests {
             },
             TS_US,
         );
-        let text = metrics.render().unwrap();
+        let text = metrics.render();
         assert!(
             text.contains(r#"modelName="a \"quoted\" \\ model\n",hostname="n"} 61"#),
             "{text}"
@@ -1656,7 +1592,7 @@ mod tests {
             ..Batch::default()
         };
         metrics.record_at(&batch, TS_US);
-        let text = metrics.render().expect("render");
+        let text = metrics.render();
         let fb = "DCGM_FI_DEV_FB_USED{gpu=\"0\",UUID=\"GPU-00000000-fake-4000-8000-000000000000\",\
                   pci_bus_id=\"00000000:10:00.0\",device=\"nvidia0\",\
                   modelName=\"NVIDIA H100 80GB HBM3\",GPU_I_PROFILE=\"1g.10gb\",GPU_I_ID=\"9\",\

@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use tracing::{info, warn};
+use tracing::info;
 
 use super::{CONTENT_TYPE, Encoding, Metrics, PATH};
 
@@ -62,27 +62,16 @@ async fn scrape(State(metrics): State<Arc<Metrics>>, request: HeaderMap) -> Resp
     } else {
         Encoding::Identity
     };
-    match metrics.scrape(encoding) {
-        Ok(page) => {
-            let mut headers = HeaderMap::with_capacity(3);
-            headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
-            // Caches between scraper and agent must not serve one
-            // encoding to a client that asked for the other.
-            headers.insert(header::VARY, HeaderValue::from_static("accept-encoding"));
-            if page.encoding == Encoding::Gzip {
-                headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
-            }
-            (headers, page.body).into_response()
-        }
-        Err(e) => {
-            warn!(error = %e, "cannot render /metrics");
-            (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("cannot render metrics: {e}\n"),
-            )
-                .into_response()
-        }
+    let page = metrics.scrape(encoding);
+    let mut headers = HeaderMap::with_capacity(3);
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
+    // Caches between scraper and agent must not serve one encoding to a
+    // client that asked for the other.
+    headers.insert(header::VARY, HeaderValue::from_static("accept-encoding"));
+    if page.encoding == Encoding::Gzip {
+        headers.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
     }
+    (headers, page.body).into_response()
 }
 
 /// Whether an `Accept-Encoding` value (RFC 9110, section 12.5.3) admits
