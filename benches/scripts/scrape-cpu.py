@@ -170,6 +170,8 @@ def main():
             "user_s": ru.ru_utime,
             "sys_s": ru.ru_stime,
             "peak_rss_mb": hwm[name],
+            "minor_faults": ru.ru_minflt,
+            "voluntary_switches": ru.ru_nvcsw,
         }
 
     def per_scrape_ms(prefix, scraper):
@@ -195,7 +197,8 @@ def main():
 
     print(f"{args.duration:.0f} s, {args.rate:g} scrape(s)/s, Accept-Encoding: "
           f"{args.accept_encoding!r}; load average {load_start} at the start, {load_end} at the end")
-    print(f"{'process':<30} {'CPU s':>9} {'CPU ms/s':>9} {'peak RSS':>9}")
+    print(f"{'process':<30} {'CPU s':>9} {'user s':>8} {'sys s':>8} {'CPU ms/s':>9} "
+          f"{'peak RSS':>9} {'page faults':>12} {'wake-ups':>9}")
     labels = {
         "agent_scraped": "gputel agent, scraped",
         "agent_idle": "gputel agent, not scraped",
@@ -204,8 +207,9 @@ def main():
     }
     for name, label in labels.items():
         u = usage[name]
-        print(f"{label:<30} {u['cpu_s']:9.3f} {u['cpu_s'] / wall * 1e3:9.3f} "
-              f"{u['peak_rss_mb']:6.1f} MB")
+        print(f"{label:<30} {u['cpu_s']:9.3f} {u['user_s']:8.3f} {u['sys_s']:8.3f} "
+              f"{u['cpu_s'] / wall * 1e3:9.3f} {u['peak_rss_mb']:6.1f} MB "
+              f"{u['minor_faults']:12d} {u['voluntary_switches']:9d}")
     for key, label in (("agent", "gputel agent"), ("ne", "node_exporter")):
         s = scrapers[key]
         print(f"{label}: {s.scrapes} scrapes, {s.wire_bytes / max(s.scrapes, 1):.0f} bytes "

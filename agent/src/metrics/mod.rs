@@ -20,13 +20,13 @@
 //! name: `err_code`, `err_msg` (XID series only), `hpc_job`.
 
 mod gpu;
+mod gzip;
 mod ib;
 mod node;
 mod serve;
 mod text;
 
 use std::collections::BTreeMap;
-use std::io::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
@@ -36,6 +36,7 @@ use tracing::warn;
 
 use crate::clock::now_us;
 use gpu::*;
+use gzip::Gzip;
 use ib::*;
 use node::*;
 pub use serve::{BindError, accepts_gzip, bind, serve};
@@ -134,6 +135,8 @@ pub struct Metrics {
     state: Mutex<Recorded>,
     /// Pages rendered so far (by scrapes and by [`Metrics::render`]).
     renders: AtomicU64,
+    /// The compressor of every page's gzip copy.
+    gzip: Mutex<Gzip>,
 }
 
 /// How a page's bytes are encoded on the wire (HTTP's content coding).
@@ -229,6 +232,7 @@ impl Metrics {
             },
             state: Mutex::new(Recorded::default()),
             renders: AtomicU64::new(0),
+            gzip: Mutex::new(Gzip::new(GZIP_LEVEL)),
         }
     }
 
@@ -337,7 +341,7 @@ impl Metrics {
             Encoding::Identity => plain,
             Encoding::Gzip => match page.gzip.get() {
                 Some(bytes) => bytes.clone(),
-                None => match gzip(&plain) {
+                None => match lock(&self.gzip).compress(&plain) {
                     Ok(bytes) => page.gzip.get_or_init(|| Bytes::from(bytes)).clone(),
                     Err(e) => {
                         warn!(error = %e, "cannot gzip /metrics; sending it uncompressed");
@@ -380,17 +384,6 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic elsewhere while holding a lock leaves consistent data: every
     // update is a plain assignment or increment.
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// `text` gzip-compressed at [`GZIP_LEVEL`]. (Into a Vec, which does not
-/// fail; the encoder's interface is that of any writer.)
-fn gzip(text: &[u8]) -> std::io::Result<Vec<u8>> {
-    let mut encoder = flate2::write::GzEncoder::new(
-        Vec::with_capacity(text.len() / 4),
-        flate2::Compression::new(GZIP_LEVEL),
-    );
-    encoder.write_all(text)?;
-    encoder.finish()
 }
 
 /// The scheduler job that owns a GPU, for dcgm-exporter's `hpc_job` label;
