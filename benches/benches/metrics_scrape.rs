@@ -4,11 +4,18 @@
 //! - `render`: one tick's page written from the recorded rows, uncached
 //!   (`Metrics::render`): what the first scrape after a tick pays for the
 //!   text, and what every scrape paid before pages were cached.
-//! - `gzip/level_N`: compressing that page once (flate2, levels 1, 6, 9).
+//! - `gzip/level_N`: compressing that page once with a new
+//!   `flate2::write::GzEncoder` at levels 1, 6, 9 (the agent uses 1);
+//!   `gzip/level_1_reset_compressor`: with one compressor reset between
+//!   pages, as the agent does.
 //! - `cached_plain`, `cached_gzip`: a scrape between ticks, which takes the
 //!   cached bytes of the page (plain, or its gzip copy).
+//! - `record`: the sampling thread's part of a tick (`Metrics::record`).
+//! - `first_gzip_of_a_page`: the first gzip scrape of a page already
+//!   rendered: the agent's compression alone.
 //! - `first_after_tick_plain`, `first_after_tick_gzip`: recording a tick,
-//!   then the scrape after it (renders; the gzip one also compresses).
+//!   then the scrape after it (renders; the gzip one also compresses, with
+//!   the agent's compressor, which is kept from page to page).
 //!
 //! None of these count the HTTP exchange; `benches/scripts/metrics-scrape.sh`
 //! measures the whole agent process under scrapes.
@@ -145,6 +152,21 @@ fn scrape(c: &mut Criterion) {
             b.iter(|| black_box(gzip(&plain.body, level)))
         });
     }
+    // One raw-deflate compressor reset between pages, as the agent keeps
+    // it (gzip framing left out: 18 bytes and a CRC-32 of the page).
+    let mut deflate = flate2::Compress::new(flate2::Compression::new(1), false);
+    let mut out = Vec::with_capacity(plain.body.len());
+    g.bench_function("gzip/level_1_reset_compressor", |b| {
+        b.iter(|| {
+            deflate.reset();
+            out.clear();
+            let status = deflate
+                .compress_vec(&plain.body, &mut out, flate2::FlushCompress::Finish)
+                .expect("compress");
+            assert_eq!(status, flate2::Status::StreamEnd);
+            black_box(out.len())
+        })
+    });
     // Both cached copies exist from here on.
     metrics.scrape(Encoding::Gzip);
     g.bench_function("cached_plain", |b| {
@@ -153,8 +175,15 @@ fn scrape(c: &mut Criterion) {
     g.bench_function("cached_gzip", |b| {
         b.iter(|| black_box(metrics.scrape(Encoding::Gzip)))
     });
-    // A fresh batch per iteration, recorded and scraped once (the batch's
-    // making is outside the timing).
+    // A fresh batch per iteration (its making is outside the timing):
+    // recorded alone, then recorded and scraped once.
+    g.bench_function("record", |b| {
+        b.iter_batched(
+            || ticks.next(),
+            |batch| metrics.record(&batch),
+            criterion::BatchSize::SmallInput,
+        )
+    });
     for (name, encoding) in [
         ("first_after_tick_plain", Encoding::Identity),
         ("first_after_tick_gzip", Encoding::Gzip),
@@ -170,6 +199,19 @@ fn scrape(c: &mut Criterion) {
             )
         });
     }
+    // The agent's compression alone: the page is rendered in the setup.
+    g.bench_function("first_gzip_of_a_page", |b| {
+        b.iter_batched(
+            || {
+                metrics.record(&ticks.next());
+                metrics.scrape(Encoding::Identity)
+            },
+            |_plain| black_box(metrics.scrape(Encoding::Gzip)),
+            // Each setup right before its routine: a batch of setups would
+            // leave only the last page to compress.
+            criterion::BatchSize::PerIteration,
+        )
+    });
     g.finish();
 }
 
