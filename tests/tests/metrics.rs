@@ -69,35 +69,80 @@ struct Scrape {
     body: String,
 }
 
-/// A plain HTTP/1.1 GET.
-fn get(addr: &str, path: &str) -> std::io::Result<Scrape> {
-    let mut stream = TcpStream::connect(addr)?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut raw = String::new();
-    stream.read_to_string(&mut raw)?;
-    let (head, body) = raw
-        .split_once("\r\n\r\n")
-        .unwrap_or_else(|| panic!("no end of headers in {raw:?}"));
-    let mut lines = head.lines();
-    let status = lines.next().unwrap_or_default().to_owned();
-    let header = |name: &str| {
-        head.lines()
+/// A response as it came: status line, headers, body bytes.
+struct Raw {
+    status: String,
+    head: String,
+    body: Vec<u8>,
+}
+
+impl Raw {
+    fn header(&self, name: &str) -> Option<String> {
+        self.head
+            .lines()
             .filter_map(|l| l.split_once(':'))
             .find(|(k, _)| k.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.trim().to_owned())
-    };
-    if let Some(len) = header("content-length") {
-        assert_eq!(len.parse::<usize>().ok(), Some(body.len()), "{head}");
     }
+}
+
+/// A plain HTTP/1.1 GET.
+fn get(addr: &str, path: &str) -> std::io::Result<Scrape> {
+    let raw = get_raw(addr, path, &[])?;
     Ok(Scrape {
-        status,
-        content_type: header("content-type").unwrap_or_default(),
-        body: body.to_owned(),
+        content_type: raw.header("content-type").unwrap_or_default(),
+        status: raw.status,
+        body: String::from_utf8(raw.body).expect("a UTF-8 body"),
     })
+}
+
+/// An HTTP/1.1 GET with extra request `headers`.
+fn get_raw(addr: &str, path: &str, headers: &[(&str, &str)]) -> std::io::Result<Raw> {
+    let mut stream = TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes())?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw)?;
+    let end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no end of headers in {:?}", String::from_utf8_lossy(&raw)));
+    let head = String::from_utf8(raw[..end].to_vec()).expect("ASCII headers");
+    let body = raw[end + 4..].to_vec();
+    let status = head.lines().next().unwrap_or_default().to_owned();
+    let response = Raw { status, head, body };
+    if let Some(len) = response.header("content-length") {
+        assert_eq!(
+            len.parse::<usize>().ok(),
+            Some(response.body.len()),
+            "{}",
+            response.head
+        );
+    }
+    Ok(response)
+}
+
+fn gunzip(bytes: &[u8]) -> Vec<u8> {
+    let mut text = Vec::new();
+    flate2::read::GzDecoder::new(bytes)
+        .read_to_end(&mut text)
+        .expect("a gzip stream");
+    text
+}
+
+/// The value of `gputel_agent_ticks_total` in a page.
+fn ticks_of(page: &[u8]) -> u64 {
+    let page = std::str::from_utf8(page).expect("UTF-8");
+    series(page, "gputel_agent_ticks_total")
+        .first()
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no tick count in\n{page}"))
 }
 
 /// The sample lines of `name` (comments and other metrics left out).
@@ -381,5 +426,99 @@ fn the_config_file_can_keep_the_capital_hostname_label() {
         )]
     );
     assert!(!body.contains("hostname="), "{body}");
+    agent.terminate(Duration::from_secs(30));
+}
+
+/// Scrapes within one tick get the same page, plain or gzip-compressed as
+/// `Accept-Encoding` allows (weight 0 refuses gzip); a scrape after the
+/// next tick gets that tick's values.
+#[test]
+fn scrapes_share_a_tick_page_and_gzip_when_asked() {
+    let tmp = tempfile::tempdir().unwrap();
+    let scenario = tmp.path().join("scenario.toml");
+    // Energy grows with every tick, so each tick's page differs.
+    std::fs::write(&scenario, "[[gpu]]\npower_mw = 300000\n").unwrap();
+    let mut cmd = fixture_agent("gpu-node-017");
+    cmd.args(["--collector", "http://127.0.0.1:9", "--drain-timeout", "1s"])
+        .args(["--interval", "1s", "--metrics-listen", "127.0.0.1:0"])
+        .env(SCENARIO_ENV, &scenario)
+        .env("RUST_LOG", "info");
+    let mut agent = Running::spawn(cmd);
+    let addr = agent.metrics_address();
+
+    // Three scrapes in a row, retried until no tick falls between them.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (plain, gzip, refused) = loop {
+        let plain = get_raw(&addr, "/metrics", &[]).expect("GET /metrics");
+        let gzip = get_raw(&addr, "/metrics", &[("Accept-Encoding", "gzip, deflate")])
+            .expect("GET /metrics, gzip");
+        let refused = get_raw(
+            &addr,
+            "/metrics",
+            &[("Accept-Encoding", "gzip;q=0, identity")],
+        )
+        .expect("GET /metrics, gzip refused");
+        let ticks = ticks_of(&plain.body);
+        if ticks >= 1 && ticks == ticks_of(&refused.body) {
+            break (plain, gzip, refused);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no two scrapes within a tick in 30 s"
+        );
+    };
+    for response in [&plain, &gzip, &refused] {
+        assert_eq!(response.status, "HTTP/1.1 200 OK");
+        assert_eq!(
+            response.header("content-type").as_deref(),
+            Some("text/plain; version=0.0.4; charset=utf-8")
+        );
+        assert_eq!(response.header("vary").as_deref(), Some("accept-encoding"));
+    }
+    assert_eq!(plain.header("content-encoding"), None);
+    assert_eq!(refused.header("content-encoding"), None);
+    assert_eq!(gzip.header("content-encoding").as_deref(), Some("gzip"));
+    // One tick, one page: the same bytes, and the gzip copy holds them.
+    assert_eq!(plain.body, refused.body);
+    assert_eq!(gunzip(&gzip.body), plain.body);
+    assert!(
+        gzip.body.len() * 4 < plain.body.len(),
+        "{}",
+        gzip.body.len()
+    );
+    let text = std::str::from_utf8(&plain.body).expect("UTF-8");
+    assert!(text.contains("\nDCGM_FI_DEV_POWER_USAGE{"), "{text}");
+
+    // The next tick's page: a higher tick count, its own energy reading.
+    let ticks = ticks_of(&plain.body);
+    let energy = |page: &[u8]| {
+        series(
+            std::str::from_utf8(page).expect("UTF-8"),
+            "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        )
+        .first()
+        .map(|l| (*l).to_owned())
+        .expect("an energy series")
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let next = loop {
+        let next =
+            get_raw(&addr, "/metrics", &[("Accept-Encoding", "gzip")]).expect("GET /metrics, gzip");
+        let body = gunzip(&next.body);
+        if ticks_of(&body) > ticks {
+            break body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no tick after {ticks} within 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_ne!(energy(&next), energy(&plain.body));
+    // Plain text of that tick: the same page.
+    let again = get_raw(&addr, "/metrics", &[]).expect("GET /metrics");
+    if ticks_of(&again.body) == ticks_of(&next) {
+        assert_eq!(again.body, next);
+    }
     agent.terminate(Duration::from_secs(30));
 }

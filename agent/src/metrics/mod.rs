@@ -4,7 +4,11 @@
 //!
 //! The sampling thread hands every tick's batch to [`Metrics::record`], which
 //! keeps the rows and updates the event counters; a scrape renders what the
-//! last tick recorded, so scraping never calls NVML or reads /proc.
+//! last tick recorded, so scraping never calls NVML or reads /proc. The
+//! first scrape after a tick renders the page and keeps its bytes (and, on
+//! the first request for it, a gzip copy); later scrapes in the same tick
+//! send those bytes again, so a tick costs at most one render and one
+//! compression however often it is scraped, and none when it is not.
 //!
 //! Units follow DCGM, not the wire protocol: watts, MiB, ratios 0–1 for the
 //! profiling (GPM) fields. A field the sample leaves unset has no series.
@@ -16,27 +20,39 @@
 //! name: `err_code`, `err_msg` (XID series only), `hpc_job`.
 
 mod gpu;
+mod gzip;
 mod ib;
 mod node;
 mod serve;
+mod text;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
+use bytes::Bytes;
 use gputel_proto::{Batch, EventKind, GpuSample, IbPortSample, NodeSample};
-use prometheus::TextEncoder;
-use prometheus::proto::{Counter, Gauge, LabelPair, Metric, MetricFamily, MetricType};
+use tracing::warn;
 
 use crate::clock::now_us;
 use gpu::*;
+use gzip::Gzip;
 use ib::*;
 use node::*;
-pub use serve::{BindError, bind, serve};
+pub use serve::{BindError, accepts_gzip, bind, serve};
+use text::{Labels, Text};
 
 /// The scrape path.
 pub const PATH: &str = "/metrics";
 /// The response's content type: the text format 0.0.4.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+/// flate2's level for the gzip copy of a page. On the 89 KB page of 8 GPUs,
+/// level 1 gives 7.9 KB in a seventh of level 6's CPU (6.3 KB); see
+/// `metrics_scrape` in benches/README.md.
+const GZIP_LEVEL: u32 = 1;
+/// Room for a page of 8 GPUs, 4 IB ports and some events (89 KB), so the
+/// page is written without growing its buffer.
+const PAGE_CAPACITY: usize = 128 * 1024;
 
 /// dcgm-exporter's label names on every per-GPU series.
 const LABEL_GPU: &str = "gpu";
@@ -117,6 +133,37 @@ const AGENT_TICK_DURATION_HELP: &str = "Seconds from the last tick's time until 
 pub struct Metrics {
     host: HostLabels,
     state: Mutex<Recorded>,
+    /// Pages rendered so far (by scrapes and by [`Metrics::render`]).
+    renders: AtomicU64,
+    /// The compressor of every page's gzip copy.
+    gzip: Mutex<Gzip>,
+}
+
+/// How a page's bytes are encoded on the wire (HTTP's content coding).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoding {
+    /// The text as it is.
+    Identity,
+    /// gzip, for a request whose `Accept-Encoding` allows it.
+    Gzip,
+}
+
+/// One scrape's answer: the page's bytes, in `encoding`. The bytes are
+/// shared with the tick's cache, so cloning them copies nothing.
+#[derive(Debug, Clone)]
+pub struct Page {
+    pub body: Bytes,
+    pub encoding: Encoding,
+}
+
+/// One tick's page, rendered by the first scrape that wants it. A tick
+/// replaces the whole cache, so no page outlives the rows it shows.
+#[derive(Debug, Default)]
+struct PageCache {
+    /// The text.
+    plain: OnceLock<Bytes>,
+    /// The text gzip-compressed, made on the first gzip request.
+    gzip: OnceLock<Bytes>,
 }
 
 /// What every per-GPU series says of the node.
@@ -149,6 +196,8 @@ struct Recorded {
     /// Every GPU that ever had a row, as its last row gave it.
     identity: Vec<GpuIdentity>,
     ticks: u64,
+    /// The page of what is recorded here, once a scrape rendered it.
+    page: Arc<PageCache>,
 }
 
 #[derive(Debug, Default)]
@@ -182,6 +231,8 @@ impl Metrics {
                 driver_version: None,
             },
             state: Mutex::new(Recorded::default()),
+            renders: AtomicU64::new(0),
+            gzip: Mutex::new(Gzip::new(GZIP_LEVEL)),
         }
     }
 
@@ -258,26 +309,81 @@ impl Metrics {
             }
         }
         let previous = std::mem::replace(&mut state.tick, rows);
+        let previous_page = std::mem::take(&mut state.page);
         drop(state);
-        // The previous rows are freed here, outside the lock (or by the last
-        // scrape that still holds them).
+        // The previous rows and page are freed here, outside the lock (or by
+        // the last scrape that still holds them).
         drop(previous);
+        drop(previous_page);
     }
 
-    /// Every metric in the text exposition format 0.0.4.
-    pub fn render(&self) -> Result<String, prometheus::Error> {
+    /// The page for a scrape that wants `encoding`: the cached bytes of the
+    /// last tick's page, rendered (and compressed) first if no scrape since
+    /// that tick has done it.
+    pub fn scrape(&self, encoding: Encoding) -> Page {
+        // The page and the state it shows are taken under one lock, so a
+        // tick in between cannot put its values in the previous tick's page.
+        let (page, snapshot) = {
+            let state = self.lock();
+            let page = Arc::clone(&state.page);
+            let snapshot = page.plain.get().is_none().then(|| state.clone());
+            (page, snapshot)
+        };
+        let plain = page
+            .plain
+            .get_or_init(|| match &snapshot {
+                Some(state) => Bytes::from(self.render_state(state)),
+                // Rendered when the page was taken: not called.
+                None => Bytes::from(self.render()),
+            })
+            .clone();
+        let body = match encoding {
+            Encoding::Identity => plain,
+            Encoding::Gzip => match page.gzip.get() {
+                Some(bytes) => bytes.clone(),
+                None => match lock(&self.gzip).compress(&plain) {
+                    Ok(bytes) => page.gzip.get_or_init(|| Bytes::from(bytes)).clone(),
+                    Err(e) => {
+                        warn!(error = %e, "cannot gzip /metrics; sending it uncompressed");
+                        return Page {
+                            body: plain,
+                            encoding: Encoding::Identity,
+                        };
+                    }
+                },
+            },
+        };
+        Page { body, encoding }
+    }
+
+    /// Every metric in the text exposition format 0.0.4, rendered now
+    /// (uncached; scrapes use [`Metrics::scrape`]).
+    pub fn render(&self) -> String {
         let state = self.lock().clone();
-        let families = state.families(&self.host);
-        let mut out = String::with_capacity(64 * 1024);
-        TextEncoder::new().encode_utf8(&families, &mut out)?;
-        Ok(out)
+        self.render_state(&state)
+    }
+
+    /// Pages rendered since the agent started.
+    pub fn renders(&self) -> u64 {
+        self.renders.load(Ordering::Relaxed)
+    }
+
+    fn render_state(&self, state: &Recorded) -> String {
+        self.renders.fetch_add(1, Ordering::Relaxed);
+        let mut text = Text::with_capacity(PAGE_CAPACITY);
+        state.write(&self.host, &mut text);
+        text.finish()
     }
 
     fn lock(&self) -> MutexGuard<'_, Recorded> {
-        // A panic elsewhere while holding the lock leaves consistent data:
-        // every update is a plain assignment or increment.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.state)
     }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic elsewhere while holding a lock leaves consistent data: every
+    // update is a plain assignment or increment.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The scheduler job that owns a GPU, for dcgm-exporter's `hpc_job` label;
@@ -293,39 +399,69 @@ fn mig_labels(sample: &GpuSample) -> Option<(&str, u32)> {
     Some((sample.mig_profile.as_deref().unwrap_or_default(), gi))
 }
 
+/// A GPU's identity, borrowed from a row or from [`GpuIdentity`].
+#[derive(Debug, Clone, Copy)]
+struct Id<'a> {
+    gpu: u32,
+    uuid: &'a str,
+    model: &'a str,
+    pci_bus_id: &'a str,
+}
+
+impl GpuIdentity {
+    fn id(&self) -> Id<'_> {
+        Id {
+            gpu: self.gpu,
+            uuid: &self.uuid,
+            model: &self.model,
+            pci_bus_id: &self.pci_bus_id,
+        }
+    }
+}
+
+/// The identity a GPU row gives.
+fn id_of(row: &GpuSample) -> Id<'_> {
+    Id {
+        gpu: row.gpu,
+        uuid: &row.uuid,
+        model: &row.model,
+        pci_bus_id: row.pci_bus_id.as_deref().unwrap_or_default(),
+    }
+}
+
 /// dcgm-exporter's labels of one GPU (or MIG device), in its order: the
 /// GPU's identity, the MIG device's, the host, the driver version, then
 /// `attributes` (already sorted by name) and `hpc_job` (which sorts after
 /// `err_code` and `err_msg`).
 fn gpu_labels(
-    identity: &GpuIdentity,
+    id: Id<'_>,
     mig: Option<(&str, u32)>,
     host: &HostLabels,
-    attributes: &[(&str, String)],
+    attributes: &[(&str, &str)],
     job: Option<&str>,
-) -> Vec<LabelPair> {
-    let mut labels = vec![
-        label(LABEL_GPU, identity.gpu.to_string()),
-        label(LABEL_UUID, identity.uuid.as_str()),
-        label(LABEL_PCI_BUS_ID, identity.pci_bus_id.as_str()),
-        // dcgm-exporter names the device node, nvidia<minor>; the minor number
-        // is not on the wire and equals the index on ordinary systems.
-        label(LABEL_DEVICE, format!("nvidia{}", identity.gpu)),
-        label(LABEL_MODEL, identity.model.as_str()),
-    ];
+) -> Labels {
+    // dcgm-exporter names the device node, nvidia<minor>; the minor number
+    // is not on the wire and equals the index on ordinary systems.
+    let mut labels = Labels::new()
+        .with(LABEL_GPU, &id.gpu.to_string())
+        .with(LABEL_UUID, id.uuid)
+        .with(LABEL_PCI_BUS_ID, id.pci_bus_id)
+        .with(LABEL_DEVICE, &format!("nvidia{}", id.gpu))
+        .with(LABEL_MODEL, id.model);
     if let Some((profile, gi)) = mig {
-        labels.push(label(LABEL_MIG_PROFILE, profile));
-        labels.push(label(LABEL_MIG_ID, gi.to_string()));
+        labels = labels
+            .with(LABEL_MIG_PROFILE, profile)
+            .with(LABEL_MIG_ID, &gi.to_string());
     }
-    labels.push(label(host.label.name(), host.hostname.as_str()));
+    labels = labels.with(host.label.name(), &host.hostname);
     if let Some(version) = &host.driver_version {
-        labels.push(label(LABEL_DRIVER_VERSION, version.as_str()));
+        labels = labels.with(LABEL_DRIVER_VERSION, version);
     }
     for (name, value) in attributes {
-        labels.push(label(name, value.as_str()));
+        labels = labels.with(name, value);
     }
     if let Some(job) = job {
-        labels.push(label(LABEL_HPC_JOB, job));
+        labels = labels.with(LABEL_HPC_JOB, job);
     }
     labels
 }
@@ -333,44 +469,33 @@ fn gpu_labels(
 /// The labels of gputel's own per-GPU series: dcgm-exporter's identity and
 /// host labels, in its order, without the camelCase `modelName` and the
 /// driver version (join on `UUID` for those).
-fn gputel_gpu_labels(identity: &GpuIdentity, host: &HostLabels) -> Vec<LabelPair> {
-    vec![
-        label(LABEL_GPU, identity.gpu.to_string()),
-        label(LABEL_UUID, identity.uuid.as_str()),
-        label(LABEL_PCI_BUS_ID, identity.pci_bus_id.as_str()),
-        label(LABEL_DEVICE, format!("nvidia{}", identity.gpu)),
-        label(host.label.name(), host.hostname.as_str()),
-    ]
-}
-
-/// The identity a GPU row gives.
-fn identity_of(row: &GpuSample) -> GpuIdentity {
-    GpuIdentity {
-        gpu: row.gpu,
-        uuid: row.uuid.clone(),
-        model: row.model.clone(),
-        pci_bus_id: row.pci_bus_id.clone().unwrap_or_default(),
-    }
+fn gputel_gpu_labels(id: Id<'_>, host: &HostLabels) -> Labels {
+    Labels::new()
+        .with(LABEL_GPU, &id.gpu.to_string())
+        .with(LABEL_UUID, id.uuid)
+        .with(LABEL_PCI_BUS_ID, id.pci_bus_id)
+        .with(LABEL_DEVICE, &format!("nvidia{}", id.gpu))
+        .with(host.label.name(), &host.hostname)
 }
 
 impl Recorded {
-    fn families(&self, host: &HostLabels) -> Vec<MetricFamily> {
+    /// Writes every family with a series, in the page's order.
+    fn write(&self, host: &HostLabels, text: &mut Text) {
         let tick = &self.tick;
-        let mut out = Vec::new();
+        let no_labels = Labels::new();
 
-        let row_labels: Vec<Vec<LabelPair>> = tick
+        let row_labels: Vec<Labels> = tick
             .gpu
             .iter()
-            .map(|g| gpu_labels(&identity_of(g), mig_labels(g), host, &[], hpc_job(g)))
+            .map(|g| gpu_labels(id_of(g), mig_labels(g), host, &[], hpc_job(g)))
             .collect();
         for m in GPU_METRICS {
-            let series = tick
-                .gpu
-                .iter()
-                .zip(&row_labels)
-                .filter_map(|(g, labels)| (m.value)(g).map(|v| sample(labels.clone(), m.kind, v)))
-                .collect();
-            push(&mut out, m.name, m.help, m.kind, series);
+            text.family(m.name, m.help, m.kind);
+            for (g, labels) in tick.gpu.iter().zip(&row_labels) {
+                if let Some(v) = (m.value)(g) {
+                    text.sample(labels, &[], v);
+                }
+            }
         }
 
         // Events: GPUs keep their series after they leave the rows (a GPU
@@ -381,190 +506,118 @@ impl Recorded {
                 .find(|g| g.gpu == gpu && g.uuid == uuid && g.gpu_instance_id.is_none())
                 .and_then(hpc_job)
         };
-        let mut last_xid = Vec::new();
-        let mut xids = Vec::new();
-        let mut kinds = Vec::new();
-        for ((gpu, uuid), events) in &self.events {
-            let identity = self
-                .identity
-                .iter()
-                .find(|k| k.gpu == *gpu && k.uuid == *uuid)
-                .cloned()
-                // A GPU lost before its first row: all that is known.
-                .unwrap_or_else(|| GpuIdentity {
-                    gpu: *gpu,
-                    uuid: uuid.clone(),
-                    ..GpuIdentity::default()
-                });
+        let with_events: Vec<(Id<'_>, &GpuEvents)> = self
+            .events
+            .iter()
+            .map(|((gpu, uuid), events)| {
+                let id = self
+                    .identity
+                    .iter()
+                    .find(|k| k.gpu == *gpu && k.uuid == *uuid)
+                    .map_or(
+                        // A GPU lost before its first row: all that is known.
+                        Id {
+                            gpu: *gpu,
+                            uuid,
+                            model: "",
+                            pci_bus_id: "",
+                        },
+                        GpuIdentity::id,
+                    );
+                (id, events)
+            })
+            .collect();
+        text.family(XID_LAST, XID_LAST_HELP, Kind::Gauge);
+        for (id, events) in &with_events {
             if let Some(xid) = events.last_xid {
                 // dcgm-exporter's attributes of this family, sorted by name.
+                let code = xid.to_string();
                 let attributes = [
-                    (LABEL_ERR_CODE, xid.to_string()),
-                    (LABEL_ERR_MSG, gputel_schemas::xid::err_msg(xid).to_owned()),
+                    (LABEL_ERR_CODE, code.as_str()),
+                    (LABEL_ERR_MSG, gputel_schemas::xid::err_msg(xid)),
                 ];
-                let labels = gpu_labels(&identity, None, host, &attributes, job_of(*gpu, uuid));
-                last_xid.push(sample(labels, Kind::Gauge, xid as f64));
-            }
-            let labels = gputel_gpu_labels(&identity, host);
-            for (xid, count) in &events.xids {
-                let mut labels = labels.clone();
-                labels.push(label("xid", xid.to_string()));
-                xids.push(sample(labels, Kind::Counter, *count as f64));
-            }
-            for (kind, count) in &events.kinds {
-                let mut labels = labels.clone();
-                labels.push(label("kind", *kind));
-                kinds.push(sample(labels, Kind::Counter, *count as f64));
+                let labels = gpu_labels(*id, None, host, &attributes, job_of(id.gpu, id.uuid));
+                text.sample(&labels, &[], xid as f64);
             }
         }
-        push(&mut out, XID_LAST, XID_LAST_HELP, Kind::Gauge, last_xid);
-        push(&mut out, XID_EVENTS, XID_EVENTS_HELP, Kind::Counter, xids);
-        push(&mut out, GPU_EVENTS, GPU_EVENTS_HELP, Kind::Counter, kinds);
+        let own_labels: Vec<Labels> = with_events
+            .iter()
+            .map(|(id, _)| gputel_gpu_labels(*id, host))
+            .collect();
+        text.family(XID_EVENTS, XID_EVENTS_HELP, Kind::Counter);
+        for ((_, events), labels) in with_events.iter().zip(&own_labels) {
+            for (xid, count) in &events.xids {
+                text.sample(labels, &[("xid", &xid.to_string())], *count as f64);
+            }
+        }
+        text.family(GPU_EVENTS, GPU_EVENTS_HELP, Kind::Counter);
+        for ((_, events), labels) in with_events.iter().zip(&own_labels) {
+            for (kind, count) in &events.kinds {
+                text.sample(labels, &[("kind", kind)], *count as f64);
+            }
+        }
 
         if let Some(node) = &tick.node {
             for m in NODE_METRICS {
-                let series = (m.value)(node)
-                    .map(|v| sample(Vec::new(), m.kind, v))
-                    .into_iter()
-                    .collect();
-                push(&mut out, m.name, m.help, m.kind, series);
+                text.family(m.name, m.help, m.kind);
+                if let Some(v) = (m.value)(node) {
+                    text.sample(&no_labels, &[], v);
+                }
             }
-            let cpu = NODE_CPU_MODES
-                .iter()
-                .filter_map(|(mode, pct)| {
-                    pct(node)
-                        .and_then(ratio)
-                        .map(|v| sample(vec![label("mode", *mode)], Kind::Gauge, v))
-                })
-                .collect();
-            push(&mut out, NODE_CPU, NODE_CPU_HELP, Kind::Gauge, cpu);
+            text.family(NODE_CPU, NODE_CPU_HELP, Kind::Gauge);
+            for (mode, pct) in NODE_CPU_MODES {
+                if let Some(v) = pct(node).and_then(ratio) {
+                    text.sample(&no_labels, &[("mode", mode)], v);
+                }
+            }
         }
 
-        let port_labels: Vec<Vec<LabelPair>> = tick
+        let port_labels: Vec<Labels> = tick
             .ib
             .iter()
             .map(|p| {
-                vec![
-                    label("device", p.device.as_str()),
-                    label("port", p.port.to_string()),
-                ]
+                Labels::new()
+                    .with("device", &p.device)
+                    .with("port", &p.port.to_string())
             })
             .collect();
-        let states = tick
-            .ib
-            .iter()
-            .zip(&port_labels)
-            .map(|(p, labels)| {
-                let mut labels = labels.clone();
-                labels.push(label("state", p.state.as_str()));
-                sample(labels, Kind::Gauge, 1.0)
-            })
-            .collect();
-        push(&mut out, IB_STATE, IB_STATE_HELP, Kind::Gauge, states);
-        let mut devices: Vec<&IbPortSample> = Vec::new();
-        for p in &tick.ib {
-            if !devices.iter().any(|d| d.device == p.device) {
-                devices.push(p);
-            }
+        text.family(IB_STATE, IB_STATE_HELP, Kind::Gauge);
+        for (p, labels) in tick.ib.iter().zip(&port_labels) {
+            text.sample(labels, &[("state", &p.state)], 1.0);
         }
-        let info = devices
-            .into_iter()
-            .map(|p| {
-                let text = |v: &Option<String>| v.clone().unwrap_or_default();
-                let labels = vec![
-                    label("device", p.device.as_str()),
-                    label("board_id", text(&p.board_id)),
-                    label("firmware_version", text(&p.fw_ver)),
-                    label("hca_type", text(&p.hca_type)),
-                ];
-                sample(labels, Kind::Gauge, 1.0)
-            })
-            .collect();
-        push(&mut out, IB_INFO, IB_INFO_HELP, Kind::Gauge, info);
+        text.family(IB_INFO, IB_INFO_HELP, Kind::Gauge);
+        for (i, p) in tick.ib.iter().enumerate() {
+            // One series per device, from its first port.
+            if tick.ib[..i].iter().any(|d| d.device == p.device) {
+                continue;
+            }
+            let labels = Labels::new()
+                .with("device", &p.device)
+                .with("board_id", p.board_id.as_deref().unwrap_or_default())
+                .with("firmware_version", p.fw_ver.as_deref().unwrap_or_default())
+                .with("hca_type", p.hca_type.as_deref().unwrap_or_default());
+            text.sample(&labels, &[], 1.0);
+        }
         for m in IB_METRICS {
-            let series = tick
-                .ib
-                .iter()
-                .zip(&port_labels)
-                .filter_map(|(p, labels)| (m.value)(p).map(|v| sample(labels.clone(), m.kind, v)))
-                .collect();
-            push(&mut out, m.name, m.help, m.kind, series);
+            text.family(m.name, m.help, m.kind);
+            for (p, labels) in tick.ib.iter().zip(&port_labels) {
+                if let Some(v) = (m.value)(p) {
+                    text.sample(labels, &[], v);
+                }
+            }
         }
 
-        let info = vec![sample(
-            vec![label("version", env!("CARGO_PKG_VERSION"))],
-            Kind::Gauge,
-            1.0,
-        )];
-        push(&mut out, AGENT_INFO, AGENT_INFO_HELP, Kind::Gauge, info);
-        let ticks = vec![sample(Vec::new(), Kind::Counter, self.ticks as f64)];
-        push(
-            &mut out,
-            AGENT_TICKS,
-            AGENT_TICKS_HELP,
-            Kind::Counter,
-            ticks,
-        );
+        text.family(AGENT_INFO, AGENT_INFO_HELP, Kind::Gauge);
+        text.sample(&no_labels, &[("version", env!("CARGO_PKG_VERSION"))], 1.0);
+        text.family(AGENT_TICKS, AGENT_TICKS_HELP, Kind::Counter);
+        text.sample(&no_labels, &[], self.ticks as f64);
         if self.ticks > 0 {
-            let last = vec![sample(Vec::new(), Kind::Gauge, tick.ts_us as f64 / 1e6)];
-            push(
-                &mut out,
-                AGENT_LAST_TICK,
-                AGENT_LAST_TICK_HELP,
-                Kind::Gauge,
-                last,
-            );
-            let took = vec![sample(Vec::new(), Kind::Gauge, tick.duration_s)];
-            push(
-                &mut out,
-                AGENT_TICK_DURATION,
-                AGENT_TICK_DURATION_HELP,
-                Kind::Gauge,
-                took,
-            );
-        }
-        out
-    }
-}
-
-/// Adds a family unless it has no series (the format has no empty families).
-fn push(out: &mut Vec<MetricFamily>, name: &str, help: &str, kind: Kind, series: Vec<Metric>) {
-    if series.is_empty() {
-        return;
-    }
-    let mut family = MetricFamily::default();
-    family.set_name(name.to_owned());
-    family.set_help(help.to_owned());
-    family.set_field_type(match kind {
-        Kind::Gauge => MetricType::GAUGE,
-        Kind::Counter => MetricType::COUNTER,
-    });
-    family.set_metric(series);
-    out.push(family);
-}
-
-fn sample(labels: Vec<LabelPair>, kind: Kind, value: f64) -> Metric {
-    let mut metric = Metric::from_label(labels);
-    match kind {
-        Kind::Gauge => {
-            let mut gauge = Gauge::default();
-            gauge.set_value(value);
-            metric.set_gauge(gauge);
-        }
-        Kind::Counter => {
-            let mut counter = Counter::default();
-            counter.set_value(value);
-            metric.set_counter(counter);
+            text.family(AGENT_LAST_TICK, AGENT_LAST_TICK_HELP, Kind::Gauge);
+            text.sample(&no_labels, &[], tick.ts_us as f64 / 1e6);
+            text.family(AGENT_TICK_DURATION, AGENT_TICK_DURATION_HELP, Kind::Gauge);
+            text.sample(&no_labels, &[], tick.duration_s);
         }
     }
-    metric
-}
-
-fn label(name: &str, value: impl Into<String>) -> LabelPair {
-    let mut pair = LabelPair::default();
-    pair.set_name(name.to_owned());
-    pair.set_value(value.into());
-    pair
 }
 
 /// Milli-units to units (mW to W).
@@ -677,12 +730,7 @@ mod tests {
     }
 
     fn rendered(metrics: &Metrics) -> Vec<String> {
-        metrics
-            .render()
-            .unwrap()
-            .lines()
-            .map(str::to_owned)
-            .collect()
+        metrics.render().lines().map(str::to_owned).collect()
     }
 
     /// The sample lines (not comments) of metric `name`.
@@ -1170,7 +1218,7 @@ mod tests {
     fn before_the_first_tick_only_the_agent_reports() {
         let metrics = node_017();
         assert_eq!(
-            metrics.render().unwrap(),
+            metrics.render(),
             format!(
                 "# HELP gputel_agent_build_info Always 1; the version label is the agent's version.\n\
                  # TYPE gputel_agent_build_info gauge\n\
@@ -1181,6 +1229,299 @@ mod tests {
                 env!("CARGO_PKG_VERSION")
             )
         );
+    }
+
+    fn gunzip(bytes: &[u8]) -> Vec<u8> {
+        use std::io::Read as _;
+        let mut text = Vec::new();
+        flate2::read::GzDecoder::new(bytes)
+            .read_to_end(&mut text)
+            .expect("a gzip stream");
+        text
+    }
+
+    /// Scrapes between two ticks send the bytes the first one rendered,
+    /// plain or compressed, without rendering again; the next tick's
+    /// scrape renders its values.
+    #[test]
+    fn scrapes_within_a_tick_render_once_and_share_the_bytes() {
+        let metrics = node_017();
+        let batch = |ts_us: i64, temperature_c: u32| Batch {
+            gpu: vec![GpuSample {
+                ts_us,
+                temperature_c: Some(temperature_c),
+                ..h100(0)
+            }],
+            ..Batch::default()
+        };
+        metrics.record_at(&batch(TS_US, 61), TS_US);
+        assert_eq!(metrics.renders(), 0, "recording renders nothing");
+
+        let first = metrics.scrape(Encoding::Identity);
+        let second = metrics.scrape(Encoding::Identity);
+        assert_eq!(first.encoding, Encoding::Identity);
+        assert_eq!(first.body, second.body);
+        // The same buffer, not an equal copy.
+        assert_eq!(first.body.as_ptr(), second.body.as_ptr());
+        assert_eq!(metrics.renders(), 1);
+        // What an uncached render of the same state gives.
+        let text = metrics.render();
+        assert_eq!(first.body, text.as_bytes());
+        assert_eq!(metrics.renders(), 2);
+
+        let gzip = metrics.scrape(Encoding::Gzip);
+        let again = metrics.scrape(Encoding::Gzip);
+        assert_eq!(gzip.encoding, Encoding::Gzip);
+        assert_eq!(gzip.body.as_ptr(), again.body.as_ptr());
+        assert_eq!(&gzip.body[..2], [0x1f, 0x8b], "a gzip member");
+        assert_eq!(gunzip(&gzip.body), first.body);
+        assert!(
+            gzip.body.len() * 4 < first.body.len(),
+            "{}",
+            gzip.body.len()
+        );
+        assert_eq!(metrics.renders(), 2, "compressing renders nothing");
+
+        // The next tick: new values, one new render.
+        metrics.record_at(&batch(TS_US + 1_000_000, 75), TS_US + 1_000_000);
+        let next = metrics.scrape(Encoding::Gzip);
+        assert_eq!(metrics.renders(), 3);
+        let next = String::from_utf8(gunzip(&next.body)).expect("UTF-8");
+        let lines: Vec<String> = next.lines().map(str::to_owned).collect();
+        assert_eq!(
+            series(&lines, "DCGM_FI_DEV_GPU_TEMP"),
+            [format!("DCGM_FI_DEV_GPU_TEMP{{{}}} 75", labels(0))]
+        );
+        assert_eq!(
+            series(&lines, "gputel_agent_ticks_total"),
+            ["gputel_agent_ticks_total 2"]
+        );
+        let plain = metrics.scrape(Encoding::Identity);
+        assert_eq!(plain.body, next.as_bytes());
+        assert_eq!(metrics.renders(), 3);
+    }
+
+    /// Before the first tick there is a page too, and it is cached until
+    /// the first tick replaces it.
+    #[test]
+    fn the_page_before_the_first_tick_is_cached_until_the_first_tick() {
+        let metrics = node_017();
+        let empty = metrics.scrape(Encoding::Identity);
+        metrics.scrape(Encoding::Identity);
+        assert_eq!(metrics.renders(), 1);
+        assert!(
+            std::str::from_utf8(&empty.body)
+                .expect("UTF-8")
+                .contains("gputel_agent_ticks_total 0\n")
+        );
+        metrics.record_at(
+            &Batch {
+                gpu: vec![h100(0)],
+                ..Batch::default()
+            },
+            TS_US,
+        );
+        let page = metrics.scrape(Encoding::Identity);
+        assert_eq!(metrics.renders(), 2);
+        let text = std::str::from_utf8(&page.body).expect("UTF-8");
+        assert!(text.contains("gputel_agent_ticks_total 1\n"), "{text}");
+        assert!(text.contains("DCGM_FI_DEV_GPU_TEMP{"), "{text}");
+    }
+
+    /// A scrape that holds the previous tick's page while a tick comes in
+    /// keeps what it has; the page it rendered is not the new tick's.
+    #[test]
+    fn a_tick_replaces_the_cached_page() {
+        let metrics = node_017();
+        metrics.record_at(
+            &Batch {
+                gpu: vec![h100(0)],
+                ..Batch::default()
+            },
+            TS_US,
+        );
+        let before = metrics.scrape(Encoding::Gzip);
+        metrics.record_at(
+            &Batch {
+                gpu: vec![h100(0), h100(1)],
+                ..Batch::default()
+            },
+            TS_US + 1_000_000,
+        );
+        let after = metrics.scrape(Encoding::Gzip);
+        assert_ne!(before.body, after.body);
+        let before = String::from_utf8(gunzip(&before.body)).expect("UTF-8");
+        let after = String::from_utf8(gunzip(&after.body)).expect("UTF-8");
+        assert_eq!(before.matches("DCGM_FI_DEV_GPU_TEMP{").count(), 1);
+        assert_eq!(after.matches("DCGM_FI_DEV_GPU_TEMP{").count(), 2);
+        assert_eq!(metrics.renders(), 2);
+    }
+
+    /// Every family at once: eight H100s (one with a job, one with a model
+    /// name to escape, one split into a MIG device), a bare A100, XIDs and
+    /// other events (on a GPU that left the rows, and on one that never had
+    /// a row), the node and four IB ports, over two ticks.
+    fn every_family() -> Metrics {
+        let metrics = node_017();
+        let gpus = |tick: u32| -> Vec<GpuSample> {
+            let mut rows: Vec<GpuSample> = (0..8)
+                .map(|gpu| {
+                    let mut row = h100(gpu);
+                    row.ts_us = TS_US + i64::from(tick) * 1_000_000;
+                    row.temperature_c = Some(50 + gpu + tick);
+                    row.power_mw = Some(400_000 + 1_117 * gpu + 13 * tick);
+                    row.energy_mj = Some(123_456_789 + 400_000 * u64::from(tick));
+                    row.sm_active_pct = Some(90.0 + gpu as f32 / 3.0);
+                    row.pcie_tx_bytes_per_s = Some(1_000_000 + u64::from(gpu));
+                    row
+                })
+                .collect();
+            rows[2].job_id = Some("4242".into());
+            rows[3].model = "a \"quoted\" \\ model\n".into();
+            rows[7].mig_mode = Some(true);
+            rows.push(GpuSample {
+                ts_us: rows[7].ts_us,
+                gpu: 7,
+                uuid: rows[7].uuid.clone(),
+                model: rows[7].model.clone(),
+                pci_bus_id: rows[7].pci_bus_id.clone(),
+                gpu_instance_id: Some(9),
+                compute_instance_id: Some(0),
+                mig_profile: Some("1g.10gb".into()),
+                fb_used_bytes: Some(5 * MIB + 7),
+                job_id: Some("77".into()),
+                ..GpuSample::default()
+            });
+            if tick == 0 {
+                rows.push(GpuSample {
+                    ts_us: TS_US,
+                    gpu: 8,
+                    uuid: "GPU-a100".into(),
+                    model: "NVIDIA A100-SXM4-80GB".into(),
+                    temperature_c: Some(34),
+                    ..GpuSample::default()
+                });
+            }
+            rows
+        };
+        let node = NodeSample {
+            ts_us: TS_US,
+            cpu_count: 224,
+            cpu_user_pct: Some(45.2),
+            cpu_system_pct: Some(3.1),
+            cpu_iowait_pct: Some(0.25),
+            cpu_idle_pct: Some(51.45),
+            memory_total_bytes: Some(2_164_110_770_176),
+            memory_used_bytes: Some(242_539_954_176),
+            memory_available_bytes: Some(1_921_570_816_000),
+            load1: Some(23.41),
+            load5: Some(22.87),
+            load15: Some(21.96),
+            cpu_package_energy_uj: Some(240_422_366_267),
+            dram_energy_uj: Some(1_234_567),
+            cpu_package_power_w: Some(151.25),
+            dram_power_w: Some(20.5),
+            ..NodeSample::default()
+        };
+        let port = |device: &str, port: u32, state: &str| IbPortSample {
+            ts_us: TS_US,
+            device: device.into(),
+            port,
+            state: state.into(),
+            rate_gbps: Some(400.0),
+            xmit_bytes: Some(7_937_843_893_307_364 + u64::from(port)),
+            rcv_bytes: Some(1_000),
+            xmit_packets: Some(10),
+            rcv_packets: Some(11),
+            xmit_bytes_per_s: Some(12_345.5),
+            rcv_bytes_per_s: Some(0.125),
+            symbol_error: Some(0),
+            link_downed: Some(1),
+            state_id: Some(4),
+            phys_state: Some("LinkUp".into()),
+            phys_state_id: Some(5),
+            unicast_xmit_packets: Some(61_239),
+            vl15_dropped: Some(2),
+            board_id: Some("MT_0000000838".into()),
+            fw_ver: Some("28.39.1002".into()),
+            hca_type: (device != "mlx5_1").then(|| "MT4129".into()),
+            ..IbPortSample::default()
+        };
+        let ib = vec![
+            port("mlx5_0", 1, "ACTIVE"),
+            port("mlx5_0", 2, "DOWN"),
+            port("mlx5_1", 1, "ACTIVE"),
+            port("mlx5_2", 1, "INIT"),
+        ];
+        let event = |gpu: u32, uuid: &str, kind: EventKind, code: u64| GpuEvent {
+            ts_us: TS_US,
+            gpu,
+            uuid: uuid.into(),
+            kind: kind as i32,
+            code,
+            ..GpuEvent::default()
+        };
+        metrics.record_at(
+            &Batch {
+                gpu: gpus(0),
+                node: vec![node.clone()],
+                ib: ib.clone(),
+                event: vec![
+                    xid(1, 79),
+                    xid(1, 48),
+                    xid(2, 999),
+                    event(8, "GPU-a100", EventKind::Xid, 13),
+                    event(8, "GPU-a100", EventKind::GpuLost, 0),
+                    event(12, "GPU-never-seen", EventKind::Xid, 31),
+                    event(4, &h100(4).uuid, EventKind::ThermalThrottle, 0),
+                ],
+                ..Batch::default()
+            },
+            TS_US + 1500,
+        );
+        metrics.record_at(
+            &Batch {
+                gpu: gpus(1),
+                node: vec![NodeSample {
+                    ts_us: TS_US + 1_000_000,
+                    ..node
+                }],
+                ib,
+                event: vec![
+                    xid(1, 79),
+                    event(4, &h100(4).uuid, EventKind::PowerThrottle, 0),
+                ],
+                ..Batch::default()
+            },
+            TS_US + 1_002_500,
+        );
+        metrics
+    }
+
+    /// The page of [`every_family`], byte for byte as the prometheus
+    /// crate's text encoder wrote it (`testdata/every_family.txt`, the
+    /// agent's version replaced by VERSION), so a change of how pages are
+    /// made cannot change what they say. `GPUTEL_WRITE_GOLDEN=1` rewrites
+    /// the file (then build and run again).
+    #[test]
+    fn every_family_renders_as_the_golden_page() {
+        let page = every_family().render().replace(
+            concat!("version=\"", env!("CARGO_PKG_VERSION"), "\""),
+            "version=\"VERSION\"",
+        );
+        if std::env::var_os("GPUTEL_WRITE_GOLDEN").is_some() {
+            std::fs::write(
+                concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/src/metrics/testdata/every_family.txt"
+                ),
+                &page,
+            )
+            .expect("write the golden page");
+        }
+        let golden = include_str!("testdata/every_family.txt");
+        assert_eq!(page, golden);
+        assert_eq!(page.matches("# TYPE ").count(), 69);
     }
 
     #[test]
@@ -1195,7 +1536,7 @@ mod tests {
             },
             TS_US,
         );
-        let text = metrics.render().unwrap();
+        let text = metrics.render();
         assert!(
             text.contains(r#"modelName="a \"quoted\" \\ model\n",hostname="n"} 61"#),
             "{text}"
@@ -1244,7 +1585,7 @@ mod tests {
             ..Batch::default()
         };
         metrics.record_at(&batch, TS_US);
-        let text = metrics.render().expect("render");
+        let text = metrics.render();
         let fb = "DCGM_FI_DEV_FB_USED{gpu=\"0\",UUID=\"GPU-00000000-fake-4000-8000-000000000000\",\
                   pci_bus_id=\"00000000:10:00.0\",device=\"nvidia0\",\
                   modelName=\"NVIDIA H100 80GB HBM3\",GPU_I_PROFILE=\"1g.10gb\",GPU_I_ID=\"9\",\

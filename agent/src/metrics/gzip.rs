@@ -1,0 +1,125 @@
+//! gzip (RFC 1952) of pages, with one deflate compressor kept from page to
+//! page.
+//!
+//! `flate2::write::GzEncoder` allocates its compressor for every stream:
+//! miniz_oxide's hash chains, window and symbol buffer, about 230 KB, which
+//! the kernel maps in anew each time. For a page a second that was ~29 page
+//! faults and 0.18 ms of system CPU per gzip scrape, as much as the
+//! compression itself (`benches/scripts/metrics-scrape.sh`). `Compress`
+//! resets without reallocating; the gzip framing around its raw deflate
+//! stream is a fixed header and a CRC-32 and length trailer.
+
+use std::io;
+
+use flate2::{Compress, Compression, Crc, FlushCompress, Status};
+
+/// The member header `GzEncoder` writes: deflate, no flags, no time, XFL
+/// (4 for the fastest levels, 2 for the best, else 0), OS unknown.
+fn header(level: u32) -> [u8; 10] {
+    let xfl = match level {
+        0..=1 => 4,
+        9.. => 2,
+        _ => 0,
+    };
+    [0x1f, 0x8b, 8, 0, 0, 0, 0, 0, xfl, 0xff]
+}
+
+/// A gzip compressor at one level; its deflate state is made on first use
+/// and kept.
+#[derive(Debug)]
+pub(super) struct Gzip {
+    level: u32,
+    deflate: Option<Compress>,
+}
+
+impl Gzip {
+    /// A compressor at flate2's `level` (0-9).
+    pub(super) fn new(level: u32) -> Self {
+        Self {
+            level,
+            deflate: None,
+        }
+    }
+
+    /// `text` as one gzip member.
+    pub(super) fn compress(&mut self, text: &[u8]) -> io::Result<Vec<u8>> {
+        let level = self.level;
+        let deflate = self
+            .deflate
+            .get_or_insert_with(|| Compress::new(Compression::new(level), false));
+        deflate.reset();
+        // Pages compress about tenfold; the loop grows the buffer if not.
+        let header = header(level);
+        let mut out = Vec::with_capacity(header.len() + text.len() / 8 + 64);
+        out.extend_from_slice(&header);
+        let mut rest = text;
+        loop {
+            let before = deflate.total_in();
+            let status = deflate.compress_vec(rest, &mut out, FlushCompress::Finish)?;
+            rest = &rest[(deflate.total_in() - before) as usize..];
+            match status {
+                Status::StreamEnd => break,
+                Status::Ok | Status::BufError => out.reserve(out.capacity().max(4096)),
+            }
+        }
+        let mut crc = Crc::new();
+        crc.update(text);
+        out.extend_from_slice(&crc.sum().to_le_bytes());
+        // ISIZE: the length modulo 2^32.
+        out.extend_from_slice(&(text.len() as u32).to_le_bytes());
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read as _;
+
+    use super::*;
+
+    fn gunzip(bytes: &[u8]) -> Vec<u8> {
+        let mut text = Vec::new();
+        flate2::read::GzDecoder::new(bytes)
+            .read_to_end(&mut text)
+            .expect("a gzip member");
+        text
+    }
+
+    #[test]
+    fn one_compressor_makes_members_that_decompress_to_their_text() {
+        let mut gzip = Gzip::new(1);
+        let page: Vec<u8> = (0..20_000)
+            .flat_map(|i| format!("series{{gpu=\"{}\"}} {i}\n", i % 8).into_bytes())
+            .collect();
+        // Random bytes do not compress: the output grows past its first
+        // buffer.
+        let mut state = 0x2545_f491_4f6c_dd1d_u64;
+        let noise: Vec<u8> = (0..100_000)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state as u8
+            })
+            .collect();
+        for text in [&page[..], b"", b"x", &noise, &page] {
+            let member = gzip.compress(text).expect("compress");
+            assert_eq!(gunzip(&member), text);
+        }
+        let member = gzip.compress(&page).expect("compress");
+        assert!(member.len() * 4 < page.len(), "{}", member.len());
+        // The bytes GzEncoder writes, at this level and others.
+        for level in [1, 6, 9] {
+            let mut encoder = flate2::write::GzEncoder::new(Vec::new(), Compression::new(level));
+            std::io::Write::write_all(&mut encoder, &page).expect("compress");
+            let theirs = encoder.finish().expect("compress");
+            let mut ours = Gzip::new(level);
+            ours.compress(&noise).expect("compress");
+            assert_eq!(
+                ours.compress(&page).expect("compress"),
+                theirs,
+                "level {level}"
+            );
+        }
+    }
+}
