@@ -282,13 +282,8 @@ impl ImportJobs {
                   (said on stderr); 2 when the store cannot be read or the page not written."
 )]
 pub struct FleetReport {
-    /// The store: a directory or an object store URL (file://, s3://)
-    /// [default: the store in --config, else ./gputel-data].
-    #[arg(long, value_name = "DIR|URL")]
-    pub store: Option<String>,
-    /// The collector's TOML configuration file, for the store and S3 settings.
-    #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub source: ReportStore,
     /// Where to write the page.
     #[arg(long, value_name = "FILE", default_value = "gputel-report.html")]
     pub out: PathBuf,
@@ -297,7 +292,7 @@ pub struct FleetReport {
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     pub resample: Option<std::time::Duration>,
     /// Also write the CDFs in the study's layout: 1000 quantile points per metric
-    /// (CSV: metric,quantile,value).
+    /// (CSV: metric,acme_metric,percentile,value).
     #[arg(long, value_name = "FILE")]
     pub cdf_csv: Option<PathBuf>,
     /// Also print the report's numbers as one JSON object on stdout.
@@ -311,28 +306,32 @@ pub struct FleetReport {
     pub to: Option<chrono::DateTime<chrono::Utc>>,
 }
 
-impl FleetReport {
-    /// Store and S3 settings: the flag over the `--config` file over the default.
-    pub fn resolve(&self) -> Result<(String, S3Options), ConfigError> {
-        report_store(self.store.as_deref(), self.config.as_deref())
-    }
+/// Where a report reads: `--store` and `--config`.
+#[derive(Debug, Args)]
+pub struct ReportStore {
+    /// The store: a directory or an object store URL (file://, s3://)
+    /// [default: the store in --config, else ./gputel-data].
+    #[arg(long, value_name = "DIR|URL")]
+    pub store: Option<String>,
+    /// The collector's TOML configuration file, for the store and S3 settings.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
 }
 
-/// A report's store and S3 settings: `store` (the flag) over the store of
-/// the `config` file over the default.
-fn report_store(
-    store: Option<&str>,
-    config: Option<&Path>,
-) -> Result<(String, S3Options), ConfigError> {
-    let file = match config {
-        Some(path) => read_file(path)?,
-        None => Settings::default(),
-    };
-    let store = store
-        .map(str::to_owned)
-        .or(file.store.clone())
-        .unwrap_or_else(|| DEFAULT_STORE.to_owned());
-    Ok((store, file.s3_options()))
+impl ReportStore {
+    /// Store and S3 settings: the flag over the `--config` file over the default.
+    pub fn resolve(&self) -> Result<(String, S3Options), ConfigError> {
+        let file = match &self.config {
+            Some(path) => read_file(path)?,
+            None => Settings::default(),
+        };
+        let store = self
+            .store
+            .clone()
+            .or(file.store.clone())
+            .unwrap_or_else(|| DEFAULT_STORE.to_owned());
+        Ok((store, file.s3_options()))
+    }
 }
 
 /// `gputel-collector job`.
@@ -357,13 +356,8 @@ pub struct JobReport {
     /// The job id as the gpu table holds it: the scheduler's (Slurm: 4242, array task 4242_7).
     #[arg(value_name = "JOBID")]
     pub job_id: String,
-    /// The store: a directory or an object store URL (file://, s3://)
-    /// [default: the store in --config, else ./gputel-data].
-    #[arg(long, value_name = "DIR|URL")]
-    pub store: Option<String>,
-    /// The collector's TOML configuration file, for the store and S3 settings.
-    #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub source: ReportStore,
     /// Print the report as one JSON object (e.g. for a Slurm epilog to keep in the
     /// job's AdminComment).
     #[arg(long)]
@@ -374,13 +368,6 @@ pub struct JobReport {
     /// Only look at hours up to this time (RFC 3339).
     #[arg(long, value_name = "TIME")]
     pub to: Option<chrono::DateTime<chrono::Utc>>,
-}
-
-impl JobReport {
-    /// Store and S3 settings: the flag over the `--config` file over the default.
-    pub fn resolve(&self) -> Result<(String, S3Options), ConfigError> {
-        report_store(self.store.as_deref(), self.config.as_deref())
-    }
 }
 
 /// Every setting, optional so that file and flags can be merged.

@@ -4,7 +4,7 @@ use anyhow::Context;
 use clap::Parser;
 use gputel_collector::clock::Clock;
 use gputel_collector::config::{
-    Cli, Command, Compact, Config, FleetReport, ImportJobs, JobReport, WalCommand,
+    Cli, Command, Compact, Config, FleetReport, ImportJobs, JobReport, ReportStore, WalCommand,
 };
 use gputel_collector::{compact, import, report, store, wal};
 
@@ -145,17 +145,23 @@ async fn job_report(args: JobReport) -> i32 {
 }
 
 fn store_name(args: &JobReport) -> String {
-    args.resolve().map(|(s, _)| s).unwrap_or_default()
+    args.source.resolve().map(|(s, _)| s).unwrap_or_default()
 }
 
-async fn job_report_outcome(args: &JobReport) -> anyhow::Result<report::Outcome> {
-    let (store_spec, s3) = args.resolve()?;
-    // A local store is opened by creating its directory; a report must not
-    // leave one behind for a mistyped path.
+/// A report's store, by name and opened; never created (a local store is
+/// opened by creating its directory, and a report must not leave one behind
+/// for a mistyped path).
+fn open_report_store(source: &ReportStore) -> anyhow::Result<(String, store::Store)> {
+    let (store_spec, s3) = source.resolve()?;
     if !store_spec.contains("://") && !std::path::Path::new(&store_spec).is_dir() {
         anyhow::bail!("there is no store at {store_spec}: no such directory (give --store)");
     }
     let store = store::open_store(&store_spec, &s3)?;
+    Ok((store_spec, store))
+}
+
+async fn job_report_outcome(args: &JobReport) -> anyhow::Result<report::Outcome> {
+    let (store_spec, store) = open_report_store(&args.source)?;
     let query = report::Query {
         job_id: args.job_id.clone(),
         from_us: args.from.map(|t| t.timestamp_micros()),
@@ -192,11 +198,7 @@ async fn fleet_report(args: FleetReport) -> i32 {
 
 async fn fleet_report_outcome(args: &FleetReport) -> anyhow::Result<Result<String, String>> {
     use report::fleet;
-    let (store_spec, s3) = args.resolve()?;
-    if !store_spec.contains("://") && !std::path::Path::new(&store_spec).is_dir() {
-        anyhow::bail!("there is no store at {store_spec}: no such directory (give --store)");
-    }
-    let store = store::open_store(&store_spec, &s3)?;
+    let (store_spec, store) = open_report_store(&args.source)?;
     let resample_us = match args.resample {
         Some(d) if d.as_micros() == 0 => anyhow::bail!("--resample must be longer than 0"),
         Some(d) => Some(i64::try_from(d.as_micros()).context("--resample is too long")?),

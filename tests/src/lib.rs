@@ -331,6 +331,50 @@ pub fn provided_path(var: &str, provided: &str) -> Option<PathBuf> {
     }
 }
 
+/// Runs a shipped query (`schemas/sql/FILE`) on `store` in the DuckDB CLI,
+/// from the repository root as the README runs them (views.sql finds the
+/// XID catalogue by its default, relative path): `views.sql`, then `before`
+/// (e.g. `SET VARIABLE` lines the query reads), then the file (unless it is
+/// views.sql itself), then `after`. Returns the rows as JSON; fails the test
+/// on an error or anything on stderr.
+pub fn shipped_query(
+    store: &Path,
+    before: &str,
+    file: &str,
+    after: &str,
+) -> Vec<serde_json::Value> {
+    let sql_dir = workspace_root().join("schemas/sql");
+    let mut cmd = Command::new(duckdb_bin());
+    cmd.current_dir(workspace_root())
+        .arg("-json")
+        .arg("-c")
+        .arg(format!("SET VARIABLE store = '{}'", store.display()))
+        .arg("-c")
+        .arg(format!(".read {}", sql_dir.join("views.sql").display()));
+    if !before.is_empty() {
+        cmd.arg("-c").arg(before);
+    }
+    if file != "views.sql" {
+        cmd.arg("-c")
+            .arg(format!(".read {}", sql_dir.join(file).display()));
+    }
+    if !after.is_empty() {
+        cmd.arg("-c").arg(after);
+    }
+    let out = cmd.output().expect("run duckdb");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stderr.trim().is_empty(),
+        "duckdb on {file} {before:?} {after:?}: {}\n{stderr}",
+        out.status
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    if text.trim().is_empty() {
+        return Vec::new();
+    }
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("duckdb printed {text:?}: {e}"))
+}
+
 /// Runs `sql` in DuckDB with `dir` as the working directory and returns the
 /// rows as JSON objects.
 pub fn duckdb(dir: &Path, sql: &str) -> Vec<serde_json::Map<String, serde_json::Value>> {

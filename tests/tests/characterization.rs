@@ -15,7 +15,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use gputel_tests::{
-    Running, SCENARIO_ENV, agent_bin, collector_bin, duckdb_bin, duckdb_value, fake_nvml, fixture,
+    Running, SCENARIO_ENV, agent_bin, collector_bin, duckdb_value, fake_nvml, fixture,
     fixture_agent, start_collector, table_scan, workspace_root,
 };
 use serde_json::{Map, Value, json};
@@ -181,36 +181,7 @@ impl Store {
 }
 
 fn query_store(store: &Path, file: &str, extra: &str) -> Vec<Value> {
-    let sql_dir = workspace_root().join("schemas/sql");
-    let mut cmd = Command::new(duckdb_bin());
-    // From the repository root, as README.md runs them: views.sql finds the
-    // XID catalogue by its default, relative path.
-    cmd.current_dir(workspace_root())
-        .arg("-json")
-        .arg("-c")
-        .arg(format!("SET VARIABLE store = '{}'", store.display()))
-        .arg("-c")
-        .arg(format!(".read {}", sql_dir.join("views.sql").display()));
-    if file != "views.sql" {
-        cmd.arg("-c")
-            .arg(format!(".read {}", sql_dir.join(file).display()));
-    }
-    if !extra.is_empty() {
-        cmd.arg("-c").arg(extra);
-    }
-    let out = cmd.output().expect("run duckdb");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && stderr.trim().is_empty(),
-        "duckdb on {file} {extra:?}: {}\n{stderr}",
-        out.status
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    if text.trim().is_empty() {
-        return Vec::new();
-    }
-    serde_json::from_str::<Vec<Value>>(&text)
-        .unwrap_or_else(|e| panic!("duckdb printed {text:?}: {e}"))
+    gputel_tests::shipped_query(store, "", file, extra)
 }
 
 /// Numbers compared by value: DuckDB prints 60.0 for a DOUBLE and 60 for an

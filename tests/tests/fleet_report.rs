@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use gputel_tests::{collector_bin, duckdb_bin, provided_path, workspace_root};
+use gputel_tests::{collector_bin, provided_path};
 use serde_json::Value;
 
 /// Two nodes over two hours (08:58 to 09:03, crossing an hour): n1's two
@@ -93,31 +93,7 @@ fn build_store(dir: &Path) -> PathBuf {
 
 /// Runs a shipped query on `store`, `before` set first (variables).
 fn query(store: &Path, before: &str, file: &str) -> Vec<Value> {
-    let sql_dir = workspace_root().join("schemas/sql");
-    let mut cmd = Command::new(duckdb_bin());
-    cmd.current_dir(workspace_root())
-        .arg("-json")
-        .arg("-c")
-        .arg(format!("SET VARIABLE store = '{}'", store.display()))
-        .arg("-c")
-        .arg(format!(".read {}", sql_dir.join("views.sql").display()));
-    if !before.is_empty() {
-        cmd.arg("-c").arg(before);
-    }
-    cmd.arg("-c")
-        .arg(format!(".read {}", sql_dir.join(file).display()));
-    let out = cmd.output().expect("run duckdb");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && stderr.trim().is_empty(),
-        "duckdb on {file}: {}\n{stderr}",
-        out.status
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    if text.trim().is_empty() {
-        return Vec::new();
-    }
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("duckdb printed {text:?}: {e}"))
+    gputel_tests::shipped_query(store, before, file, "")
 }
 
 /// Runs the report; returns its JSON and the page.

@@ -56,15 +56,7 @@ impl Distribution {
     /// least pct % of the time at or below it, allowing a part in 10^9 for
     /// the last bits of float sums (as the SQL does).
     pub fn quantiles(&self, pcts: &[f64]) -> Vec<Option<f64>> {
-        let cumulative = self.cumulative();
-        pcts.iter()
-            .map(|&pct| {
-                cumulative
-                    .iter()
-                    .find(|(_, cum)| cum * 100.0 >= pct * self.total_s * (1.0 - 1e-9))
-                    .map(|(v, _)| *v)
-            })
-            .collect()
+        quantiles_of(&self.cumulative(), self.total_s, pcts)
     }
 
     /// The time-weighted mean.
@@ -89,6 +81,18 @@ impl Distribution {
                 / self.total_s
         })
     }
+}
+
+/// [`Distribution::quantiles`] of a distribution's cumulative times.
+fn quantiles_of(cumulative: &[(f64, f64)], total_s: f64, pcts: &[f64]) -> Vec<Option<f64>> {
+    pcts.iter()
+        .map(|&pct| {
+            cumulative
+                .iter()
+                .find(|(_, cum)| cum * 100.0 >= pct * total_s * (1.0 - 1e-9))
+                .map(|(v, _)| *v)
+        })
+        .collect()
 }
 
 /// A distribution fed sample by sample, either as they are or averaged
@@ -188,9 +192,9 @@ impl Curve {
         }
         Curve {
             total_s: total,
-            quantiles: dist.quantiles(&twenty_one()),
+            quantiles: quantiles_of(&cumulative, total, &twenty_one()),
             points,
-            thousand: dist.quantiles(&thousand()),
+            thousand: quantiles_of(&cumulative, total, &thousand()),
         }
     }
 }
