@@ -45,6 +45,6 @@ measure "report, whole day, 15 s windows" "$COLLECTOR" report --store "$store" -
 measure "report, one hour" "$COLLECTOR" report --store "$store" --out "$out/r.html" \
   --from 2024-06-12T12:00:00Z --to 2024-06-12T12:59:59Z
 job=$("$COLLECTOR" report --store "$store" --out "$out/r.html" --from 2024-06-12T12:00:00Z \
-  --to 2024-06-12T12:00:59Z --json | head -1 | python3 -c 'import json, sys; print(json.load(sys.stdin)["jobs"][0]["job_id"])')
+  --to 2024-06-12T12:09:59Z --json | head -1 | python3 -c 'import json, sys; print(json.load(sys.stdin)["jobs"][0]["job_id"])')
 measure "job $job" "$COLLECTOR" job "$job" --store "$store"
 tail -1 "$out/stdout"

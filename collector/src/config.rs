@@ -304,6 +304,25 @@ pub struct FleetReport {
     /// Only samples up to this time (RFC 3339).
     #[arg(long, value_name = "TIME")]
     pub to: Option<chrono::DateTime<chrono::Utc>>,
+    /// Type the jobs and draw the trace's figures from this job trace file (see
+    /// --jobs-format) instead of the trace imported into the store; nothing is
+    /// written to the store.
+    #[arg(long, value_name = "TRACE")]
+    pub jobs: Option<PathBuf>,
+    /// The format of the --jobs file.
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = Format::Acme, requires = "jobs")]
+    pub jobs_format: Format,
+    /// The cluster's offset from UTC for times in the --jobs file written without a
+    /// zone, as for import-jobs --utc-offset.
+    #[arg(
+        long,
+        value_name = "+HH:MM",
+        default_value = "+00:00",
+        allow_hyphen_values = true,
+        value_parser = parse_utc_offset,
+        requires = "jobs"
+    )]
+    pub jobs_utc_offset: FixedOffset,
 }
 
 /// Where a report reads: `--store` and `--config`.

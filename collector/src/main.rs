@@ -120,18 +120,18 @@ async fn compact(args: Compact) -> anyhow::Result<()> {
 async fn job_report(args: JobReport) -> i32 {
     match job_report_outcome(&args).await {
         Ok(report::Outcome::Report(r)) => {
-            if args.json {
+            let text = if args.json {
                 match serde_json::to_string(&r) {
-                    Ok(json) => println!("{json}"),
+                    Ok(json) => format!("{json}\n"),
                     Err(e) => {
                         eprintln!("error: cannot write the report as JSON: {e}");
                         return 2;
                     }
                 }
             } else {
-                print!("{}", report::render::text(&r, &store_name(&args)));
-            }
-            0
+                report::render::text(&r, &store_name(&args))
+            };
+            printed(print_out(&text))
         }
         Ok(report::Outcome::NotFound(why)) => {
             eprintln!("{why}");
@@ -177,14 +177,33 @@ async fn job_report_outcome(args: &JobReport) -> anyhow::Result<report::Outcome>
         })
 }
 
+/// Writes a report to stdout. A reader that stops early (`| head -1`) is
+/// not an error: what it did not read is not needed.
+fn print_out(text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        done => done,
+    }
+}
+
+/// The exit status after printing a report: 0, or 2 when stdout failed.
+fn printed(done: std::io::Result<()>) -> i32 {
+    match done {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("error: cannot write to stdout: {e}");
+            2
+        }
+    }
+}
+
 /// `gputel-collector report`: the page written, one line on stdout; exit
 /// status 0, 1 when the store holds nothing to draw, 2 on an error.
 async fn fleet_report(args: FleetReport) -> i32 {
     match fleet_report_outcome(&args).await {
-        Ok(Ok(line)) => {
-            println!("{line}");
-            0
-        }
+        Ok(Ok(line)) => printed(print_out(&format!("{line}\n"))),
         Ok(Err(why)) => {
             eprintln!("{why}");
             1
@@ -211,7 +230,23 @@ async fn fleet_report_outcome(args: &FleetReport) -> anyhow::Result<Result<Strin
         },
         resample_us,
     };
-    let fleet = match fleet::fleet(store.objects, &store_spec, options)
+    let trace = match &args.jobs {
+        Some(path) => {
+            let trace = import::read_trace(path, args.jobs_format, args.jobs_utc_offset)?;
+            for skipped in &trace.skipped {
+                eprintln!("{}:{}: {}", path.display(), skipped.line, skipped.reason);
+            }
+            if trace.jobs.is_empty() {
+                anyhow::bail!("{}: no job could be read from the trace", path.display());
+            }
+            Some((path.display().to_string(), trace))
+        }
+        None => None,
+    };
+    let trace_file = trace
+        .as_ref()
+        .map(|(name, trace)| fleet::TraceFile { name, trace });
+    let fleet = match fleet::fleet(store.objects, &store_spec, options, trace_file)
         .await
         .with_context(|| format!("cannot make the report of {store_spec}"))?
     {
@@ -225,10 +260,8 @@ async fn fleet_report_outcome(args: &FleetReport) -> anyhow::Result<Result<Strin
         write_file(path, fleet::cdf_csv(&fleet).as_bytes())?;
     }
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string(&fleet).context("cannot write the report as JSON")?
-        );
+        let json = serde_json::to_string(&fleet).context("cannot write the report as JSON")?;
+        print_out(&format!("{json}\n")).context("cannot write to stdout")?;
     }
     Ok(Ok(format!(
         "wrote {}: {} figures from {} GPU samples of {} GPUs on {} node{} ({}); open it in a browser",

@@ -4,31 +4,39 @@
 --
 --   scripts/duckdb -c ".read schemas/sql/views.sql" -c ".read schemas/sql/failure_share.sql"
 --
--- Over the jobs of the scheduler trace (scheduler_job_latest), GPU time being
--- the trace's gpu_time_s (else gpus × duration_s). Two groupings, one row per
--- category:
+-- Over the GPU jobs of the scheduler trace (scheduler_job_latest with
+-- gpus > 0, as every figure of the study and gpu_time_share.sql's 'trace'
+-- scope count them), GPU time being the trace's gpu_time_s (else gpus ×
+-- duration_s). Two groupings, one row per category:
 --
---   grouping     'state': the job's final state (COMPLETED, FAILED,
---                CANCELLED, ...), every job in exactly one row;
+--   grouping     'state': the job's final state folded as the study folds
+--                it (TIMEOUT and NODE_FAIL count as FAILED; '(unknown)'
+--                without a state), every job in exactly one row; for the
+--                states as written: SELECT state, count(*) FROM
+--                scheduler_job_latest GROUP BY state;
 --                'xid_category': the XID catalogue's category (hardware,
 --                nvlink, memory, driver, application, thermal_power, other,
 --                unknown) of an XID recorded on one of the job's GPUs
 --                (xid_event); a job with XIDs of several categories counts
 --                in each, a job without any in none
---   category     the state or the XID category
+--   category     the folded state or the XID category
 --   jobs         jobs in the category
---   job_share_pct       jobs / all jobs of the trace, %
+--   job_share_pct       jobs / the trace's GPU jobs, %
 --   gpu_time_share_pct  their GPU time / all GPU time of the trace, %
 
 WITH jobs AS (
-    SELECT job_id, state, coalesce(gpu_time_s, gpus * duration_s, 0)::DOUBLE AS gpu_s
+    SELECT job_id,
+           CASE WHEN state IN ('TIMEOUT', 'NODE_FAIL') THEN 'FAILED'
+                ELSE coalesce(state, '(unknown)') END AS state,
+           coalesce(gpu_time_s, gpus * duration_s, 0)::DOUBLE AS gpu_s
     FROM scheduler_job_latest
+    WHERE gpus > 0
 ),
 total AS (
     SELECT count(*) AS all_jobs, sum(gpu_s) AS all_gpu_s FROM jobs
 ),
 categorized AS (
-    SELECT 'state' AS grouping, coalesce(state, 'unknown') AS category, job_id, gpu_s
+    SELECT 'state' AS grouping, state AS category, job_id, gpu_s
     FROM jobs
     UNION ALL
     SELECT DISTINCT 'xid_category', x.category, j.job_id, j.gpu_s

@@ -34,7 +34,7 @@
 --               the study's three are COMPLETED, CANCELLED and FAILED; any
 --               other state (RUNNING, PENDING, PREEMPTED, OUT_OF_MEMORY, …)
 --               is kept as written, '(unknown)' without one.
---               failure_share.sql lists the states unfolded.
+--               failure_share.sql folds them the same way.
 --   value       VARCHAR, the job type or folded state
 --   jobs        BIGINT, jobs in the group (each job once per dimension)
 --   gpu_time_s  DOUBLE, GPU seconds in the group (divide by 3600 for GPU

@@ -2,14 +2,13 @@
 //! that a report can show the query behind each figure.
 
 /// Every query file by name, views.sql first.
-pub const FILES: [(&str, &str); 17] = [
+pub const FILES: [(&str, &str); 16] = [
     ("views.sql", include_str!("../sql/views.sql")),
     (
         "failure_share.sql",
         include_str!("../sql/failure_share.sql"),
     ),
     ("fleet_cdf.sql", include_str!("../sql/fleet_cdf.sql")),
-    ("gpu_cdf.sql", include_str!("../sql/gpu_cdf.sql")),
     (
         "gpu_time_share.sql",
         include_str!("../sql/gpu_time_share.sql"),

@@ -384,7 +384,7 @@ type Check = fn(&Store);
 const CHECKS: &[(&str, Check)] = &[
     ("views.sql", check_views),
     ("per_job_utilization.sql", check_per_job_utilization),
-    ("gpu_cdf.sql", check_gpu_cdf),
+    ("fleet_cdf.sql", check_fleet_cdf),
     ("idle_gpu_power.sql", check_idle_gpu_power),
     ("gpu_time_share.sql", check_gpu_time_share),
     ("jobs_with_gpu_events.sql", check_jobs_with_gpu_events),
@@ -564,15 +564,17 @@ fn check_views(s: &Store) {
 }
 
 fn check_per_job_utilization(s: &Store) {
+    // Every sample stands for its 0.1 s tick: time_s is a tenth of the samples.
     let m = |job: &str, gpus: u64, metric: &str, samples: u64, [mean, p50, p95, max]: [f64; 4]| {
-        json!({"job_id": job, "gpus": gpus, "metric": metric, "samples": samples,
+        json!({"job_id": job, "gpus": gpus, "metric": metric, "time_s": samples as f64 / 10.0,
                "mean": mean, "p50": p50, "p95": p95, "max": max})
     };
     // GPM activity has no value on a GPU's first tick: one sample fewer.
     let sm = TICKS - 1;
-    // Job 4242: 25 samples each of GPUs A0, A1, B0. Utilization 98, 94, 99:
-    // mean 97, median 98 (sorted index 37 of 75), p95 99. SM activity 85.5,
-    // 80.5, 88.5 (24 each): mean 84.83, median 85.5. Memory 60, 60, 70 GiB.
+    // Job 4242: 25 samples each of GPUs A0, A1, B0, each GPU a third of the
+    // job's time. Utilization 98, 94, 99: mean 97, p50 98 (94 holds a third
+    // of the time, 98 brings it to two thirds), p95 99. SM activity 85.5,
+    // 80.5, 88.5 (24 each): mean 84.83, p50 85.5. Memory 60, 60, 70 GiB.
     // Power 650, 600, 680 W.
     let constant = |v: f64| [v, v, v, v];
     assert_rows(
@@ -627,27 +629,34 @@ fn check_per_job_utilization(s: &Store) {
     );
 }
 
-fn check_gpu_cdf(s: &Store) {
-    // Ten GPUs, each with the same number of samples, so each is a tenth of
-    // the points and the value at p is the GPU whose tenth holds the
-    // ceil(p/10)-th point: sorted by power, 70 (A7), 90 (A6), 300 (B1),
-    // 400 (A3), 450 (A5), 500 (A2), 550 (A4), 600 (A1), 650 (A0), 680 (B0).
+fn check_fleet_cdf(s: &Store) {
+    // Ten GPUs, each observed for the same time, so each is a tenth of the
+    // time and the value at p is the GPU whose tenth holds the p-th
+    // percent: sorted by power, 70 (A7), 90 (A6), 300 (B1), 400 (A3),
+    // 450 (A5), 500 (A2), 550 (A4), 600 (A1), 650 (A0), 680 (B0).
     let power = [
         70.0, 90.0, 300.0, 400.0, 450.0, 500.0, 550.0, 600.0, 650.0, 680.0,
     ];
     let sm = [0.0, 0.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.5, 85.5, 88.5];
-    let fb = [0.0, 2.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 60.0, 70.0];
-    let temp = [35, 40, 55, 62, 65, 66, 68, 70, 71, 80];
+    let temp = [35.0, 40.0, 55.0, 62.0, 65.0, 66.0, 68.0, 70.0, 71.0, 80.0];
     let want: Vec<Value> = (0..=100u64)
         .step_by(5)
         .map(|pct| {
-            // The smallest value with at least pct % of the points at or below it.
+            // The smallest value with at least pct % of the time at or below it.
             let tenth = (pct.div_ceil(10)).max(1) as usize - 1;
-            json!({"pct": pct, "sm_active_pct": sm[tenth], "fb_used_gib": fb[tenth],
-                   "power_w": power[tenth], "temperature_c": temp[tenth]})
+            json!({"pct": pct, "sm_active_pct": sm[tenth], "power_w": power[tenth],
+                   "temperature_c": temp[tenth]})
         })
         .collect();
-    assert_rows("gpu_cdf", s.query("gpu_cdf.sql", ""), Value::Array(want));
+    let got = s
+        .query("fleet_cdf.sql", "")
+        .into_iter()
+        .map(|row| {
+            json!({"pct": row["pct"], "sm_active_pct": row["sm_active_pct"],
+                   "power_w": row["power_w"], "temperature_c": row["temperature_c"]})
+        })
+        .collect();
+    assert_rows("fleet_cdf", got, Value::Array(want));
 }
 
 fn check_idle_gpu_power(s: &Store) {
@@ -989,16 +998,19 @@ fn check_ib_idle_share(s: &Store) {
     // Node A's fixture counters never move: every port-tick idle. Node B's
     // mlx5_0 is busy for BUSY_TICKS ticks. Each port has TICKS - 1 ticks with
     // rates (none on its first).
+    // Every port-tick stands for its 0.1 s.
     let ticks = 4 * (TICKS - 1);
+    let s_of = |ticks: u64| ticks as f64 / 10.0;
     assert_rows(
         "ib_idle_share",
         s.query("ib_idle_share.sql", ""),
         json!([
-            {"node": NODE_A, "ports": 4, "port_ticks": ticks, "idle_port_ticks": ticks, "idle_share": 1.0},
-            {"node": NODE_B, "ports": 4, "port_ticks": ticks, "idle_port_ticks": ticks - BUSY_TICKS,
-             "idle_share": 0.875},
-            {"node": "(all)", "ports": 8, "port_ticks": 2 * ticks,
-             "idle_port_ticks": 2 * ticks - BUSY_TICKS, "idle_share": 0.9375},
+            {"node": NODE_A, "ports": 4, "time_s": s_of(ticks), "idle_time_s": s_of(ticks),
+             "idle_share": 1.0},
+            {"node": NODE_B, "ports": 4, "time_s": s_of(ticks),
+             "idle_time_s": s_of(ticks - BUSY_TICKS), "idle_share": 0.875},
+            {"node": "(all)", "ports": 8, "time_s": s_of(2 * ticks),
+             "idle_time_s": s_of(2 * ticks - BUSY_TICKS), "idle_share": 0.9375},
         ]),
     );
 }
@@ -1153,7 +1165,7 @@ COPY (
 /// What each time-weighted query must return on the mixed store.
 type MixedCheck = fn(&Path);
 const MIXED_CHECKS: &[(&str, MixedCheck)] = &[
-    ("fleet_cdf.sql", check_fleet_cdf),
+    ("fleet_cdf.sql", check_fleet_cdf_mixed),
     ("throttle_time.sql", check_throttle_time),
     ("utilization_by_job_type.sql", check_utilization_by_job_type),
     (
@@ -1201,7 +1213,7 @@ fn by_pct(value: impl Fn(u64) -> Value) -> Vec<Value> {
     (0..=100).step_by(5).map(value).collect()
 }
 
-fn check_fleet_cdf(store: &Path) {
+fn check_fleet_cdf_mixed(store: &Path) {
     // GPU metrics: half the GPU time on n2's idle GPUs, half on n1's busy
     // ones (counted by samples, 120 of 128 would be busy: p10 would be 100).
     // Memory shares: 10 % for 120 s, 50 % for 60 s, 75 % for 60 s. Host CPU
@@ -1296,9 +1308,9 @@ fn check_job_imbalance(store: &Path) {
 }
 
 fn check_failure_share(store: &Path) {
-    // GPU time: a 200, b 100, c 100, d 600 of 1000 GPU-seconds; e none, but
-    // it is one of the five jobs. An application XID (13) under b, a
-    // hardware one (79) under d.
+    // GPU time: a 200, b 100, c 100, d 600 of 1000 GPU-seconds; e asks for
+    // no GPU and is left out, as in the study: four jobs. An application XID
+    // (13) under b, a hardware one (79) under d.
     let row = |grouping: &str, category: &str, jobs: u64, job_share: f64, gpu_share: f64| {
         json!({"grouping": grouping, "category": category, "jobs": jobs,
                "job_share_pct": job_share, "gpu_time_share_pct": gpu_share})
@@ -1307,10 +1319,10 @@ fn check_failure_share(store: &Path) {
         "failure_share",
         query_store(store, "failure_share.sql", ""),
         json!([
-            row("xid_category", "hardware", 1, 20.0, 60.0),
-            row("xid_category", "application", 1, 20.0, 10.0),
-            row("state", "FAILED", 2, 40.0, 70.0),
-            row("state", "COMPLETED", 3, 60.0, 30.0),
+            row("xid_category", "hardware", 1, 25.0, 60.0),
+            row("xid_category", "application", 1, 25.0, 10.0),
+            row("state", "FAILED", 2, 50.0, 70.0),
+            row("state", "COMPLETED", 2, 50.0, 30.0),
         ]),
     );
 }
@@ -1653,6 +1665,21 @@ fn acme_trace_excerpts_keep_every_column_and_fold_states() {
             // 21544 + 1200 + 1520.
             trace("state", "COMPLETED", 3, 24264.0, 0.3466),
             trace("state", "CANCELLED", 1, 5248.0, 0.075),
+        ]),
+    );
+    // failure_share.sql folds the states the same way, over the same eight
+    // GPU jobs.
+    let failure = |category: &str, jobs: u64, job_share: f64, gpu_share: f64| {
+        json!({"grouping": "state", "category": category, "jobs": jobs,
+               "job_share_pct": job_share, "gpu_time_share_pct": gpu_share})
+    };
+    assert_rows(
+        "failure_share on the AcmeTrace excerpts",
+        query_store(&store, "failure_share.sql", ""),
+        json!([
+            failure("FAILED", 4, 50.0, 57.84),
+            failure("COMPLETED", 3, 37.5, 34.66),
+            failure("CANCELLED", 1, 12.5, 7.5),
         ]),
     );
 }

@@ -377,7 +377,8 @@ fn an_a100_job_has_sm_activity_in_parquet_and_in_per_job_utilization() {
     const TICKS: u64 = 8;
     let dir = tempfile::tempdir().expect("tempdir");
     let (store, _) = stream(dir.path(), &a100x2(), TICKS, &[]);
-    // DCGM has a value at the first tick already (GPM needs two samples).
+    // DCGM has a value at the first tick already (GPM needs two samples);
+    // each of the ticks stands for its 0.1 s.
     assert_eq!(
         activity_by_gpu(dir.path(), &store),
         [
@@ -399,8 +400,9 @@ fn an_a100_job_has_sm_activity_in_parquet_and_in_per_job_utilization() {
     };
     assert_eq!(
         metric("sm_active_pct"),
-        json!({"job_id": "4242", "gpus": 1, "metric": "sm_active_pct", "samples": TICKS,
-               "mean": 62.5, "p50": 62.5, "p95": 62.5, "max": 62.5})
+        json!({"job_id": "4242", "gpus": 1, "metric": "sm_active_pct",
+               "time_s": TICKS as f64 / 10.0, "mean": 62.5, "p50": 62.5, "p95": 62.5,
+               "max": 62.5})
     );
     assert_eq!(metric("gpu_util_pct")["mean"], json!(96.0));
     assert_eq!(rows.len(), 4, "job 4242's four metrics: {rows:#?}");

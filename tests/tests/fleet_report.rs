@@ -316,6 +316,29 @@ fn the_report_states_what_the_shipped_sql_computes() {
             close(column, num(&job[column]), num(&i[column]), 0.005);
         }
     }
+    // per_job_utilization.sql weighs the same way: its means and observed
+    // time are the report's (n1 GPU 1's minute-long gap capped at 3 s).
+    let per_job = query(&store, "", "per_job_utilization.sql");
+    for job in jobs {
+        let metric = |name: &str| {
+            per_job
+                .iter()
+                .find(|r| r["job_id"] == job["job_id"] && r["metric"] == name)
+                .unwrap_or_else(|| panic!("no {name} of {} in per_job_utilization", job["job_id"]))
+        };
+        close(
+            "time_s",
+            num(&job["observed_gpu_s"]),
+            num(&metric("gpu_util_pct")["time_s"]),
+            0.0005,
+        );
+        for (name, column) in [
+            ("gpu_util_pct", "gpu_util_mean_pct"),
+            ("sm_active_pct", "sm_active_mean_pct"),
+        ] {
+            close(column, num(&job[column]), num(&metric(name)["mean"]), 0.005);
+        }
+    }
     let by_type = query(&store, "", "utilization_by_job_type.sql");
     let types = fleet["job_types"].as_array().expect("job_types");
     assert_eq!(by_type.len(), types.len());
@@ -456,6 +479,114 @@ fn check_self_contained(page: &str) {
         }
     }
     assert!(!page.contains("url("), "the style fetches nothing");
+}
+
+/// `--jobs FILE` types the jobs and draws the trace's figures from a trace
+/// file, in place of the store's imported trace, with exactly the numbers
+/// the same file gives once imported: the JSON of both reports agrees, and
+/// both agree with gpu_time_share.sql on the imported store.
+#[test]
+fn a_trace_file_types_the_jobs_as_its_import_would() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    // The store's trace says job a is Pretrain; this file says SFT, b failed
+    // with its node (folded into FAILED) and adds e, which the telemetry
+    // never saw.
+    let trace = tmp.path().join("trace.csv");
+    std::fs::write(
+        &trace,
+        "job_id,user,node_num,gpu_num,cpu_num,type,state,submit_time,start_time,end_time,\
+         duration,queue,gpu_time\n\
+         a,u1,1,2,16,SFT,COMPLETED,2026-11-02 08:57:00+00:00,2026-11-02 08:58:00+00:00,\
+         2026-11-02 09:03:00+00:00,300,60,600\n\
+         b,u2,1,1,8,Eval,NODE_FAIL,2026-11-02 08:58:00+00:00,2026-11-02 08:58:00+00:00,\
+         2026-11-02 09:03:00+00:00,300,0,300\n\
+         e,u1,2,16,64,Pretrain,COMPLETED,2026-11-01 00:00:00+00:00,2026-11-01 00:00:00+00:00,\
+         2026-11-01 01:00:00+00:00,3600,0,57600\n",
+    )
+    .expect("write the trace");
+    let trace_arg = trace.to_str().expect("utf-8");
+
+    let store = build_store(&tmp.path().join("with-file"));
+    let (from_file, page) = report(
+        &store,
+        &tmp.path().join("from-file.html"),
+        &["--jobs", trace_arg, "--jobs-format", "acme"],
+    );
+    assert_eq!(from_file["trace_from"], trace_arg);
+    assert!(
+        page.contains("not imported"),
+        "the page says where the jobs came from"
+    );
+    let job_a = from_file["jobs"]
+        .as_array()
+        .expect("jobs")
+        .iter()
+        .find(|j| j["job_id"] == "a")
+        .expect("job a");
+    assert_eq!(job_a["job_type"], "SFT", "the file's type, not the store's");
+    let shares = from_file["trace_shares"].as_array().expect("trace_shares");
+    let share_of = |dimension: &str, value: &str| {
+        shares
+            .iter()
+            .find(|s| s["dimension"] == dimension && s["value"] == value)
+            .map(|s| (s["jobs"].as_u64().expect("jobs"), num(&s["gpu_time_s"])))
+    };
+    assert_eq!(share_of("job_type", "Pretrain"), Some((1, Some(57600.0))));
+    assert_eq!(share_of("state", "FAILED"), Some((1, Some(300.0))));
+    assert_eq!(share_of("state", "NODE_FAIL"), None);
+
+    // The same file imported into a store without a trace.
+    let imported = build_store(&tmp.path().join("imported"));
+    std::fs::remove_dir_all(imported.join("scheduler_job")).expect("drop the trace");
+    let run = Command::new(collector_bin())
+        .args(["import-jobs", "--format", "acme", "--store"])
+        .arg(&imported)
+        .arg(&trace)
+        .output()
+        .expect("run import-jobs");
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let (from_store, _) = report(&imported, &tmp.path().join("imported.html"), &[]);
+    assert_eq!(from_store["trace_from"], "scheduler_job");
+    for key in ["jobs", "job_types", "trace_shares"] {
+        assert_eq!(from_file[key], from_store[key], "{key}");
+    }
+    let sql: Vec<Value> = query(&imported, "", "gpu_time_share.sql")
+        .into_iter()
+        .filter(|r| r["scope"] == "trace")
+        .collect();
+    assert_eq!(sql.len(), shares.len());
+    for (row, r) in sql.iter().zip(shares) {
+        for column in ["dimension", "value", "jobs"] {
+            assert_eq!(row[column], r[column], "{column}");
+        }
+        close(
+            "gpu_time_s",
+            num(&r["gpu_time_s"]),
+            num(&row["gpu_time_s"]),
+            0.0,
+        );
+    }
+
+    // A file that cannot be read is an error, and no page is written.
+    let bad = tmp.path().join("bad.csv");
+    std::fs::write(&bad, "no,such,columns\n1,2,3\n").expect("write");
+    let run = Command::new(collector_bin())
+        .args(["report", "--store"])
+        .arg(&store)
+        .arg("--out")
+        .arg(tmp.path().join("bad.html"))
+        .arg("--jobs")
+        .arg(&bad)
+        .output()
+        .expect("run report");
+    assert_eq!(run.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(stderr.contains("bad.csv:1:"), "{stderr}");
+    assert!(!tmp.path().join("bad.html").exists());
 }
 
 #[test]

@@ -40,6 +40,12 @@ pub enum ReportError {
         #[source]
         source: parquet::errors::ParquetError,
     },
+    #[error("{path} says its rows are sorted by node, but {node:?} comes after {after:?}")]
+    Unsorted {
+        path: String,
+        node: String,
+        after: String,
+    },
 }
 
 /// Which job, and optionally which stretch of time to look in.

@@ -386,6 +386,58 @@ pub async fn all_rows(
     })
 }
 
+/// A file's rows with the columns asked for, a batch at a time.
+pub struct RowStream {
+    pub path: String,
+    /// Whether every row group of the file declares its rows sorted by the
+    /// column asked about, ascending (gputel sorts every file it writes by
+    /// its table's sort key and says so); a reader checks that it holds.
+    pub sorted: bool,
+    pub row_groups: u64,
+    pub batches: BoxStream<'static, Result<RecordBatch, ReportError>>,
+}
+
+/// Opens one Parquet file for reading `columns` (those the file has) in
+/// batches of `batch_size` rows, telling whether it is sorted by `first`.
+pub async fn stream_rows(
+    store: Arc<dyn ObjectStore>,
+    file: &ObjectMeta,
+    columns: &[&str],
+    first: &str,
+    batch_size: usize,
+) -> Result<RowStream, ReportError> {
+    let (builder, decode) = open(store, file).await?;
+    let schema = builder.parquet_schema();
+    let first_leaf = schema
+        .columns()
+        .iter()
+        .position(|c| c.path().string() == first);
+    let metadata = builder.metadata();
+    let sorted = first_leaf.is_some_and(|leaf| {
+        metadata.row_groups().iter().all(|group| {
+            group
+                .sorting_columns()
+                .and_then(|order| order.first())
+                .is_some_and(|by| usize::try_from(by.column_idx) == Ok(leaf) && !by.descending)
+        })
+    });
+    let row_groups = metadata.num_row_groups() as u64;
+    let projection = ProjectionMask::columns(schema, columns.iter().copied());
+    let batches = builder
+        .with_projection(projection)
+        .with_batch_size(batch_size)
+        .build()
+        .map_err(&decode)?
+        .map_err(decode)
+        .boxed();
+    Ok(RowStream {
+        path: file.location.to_string(),
+        sorted,
+        row_groups,
+        batches,
+    })
+}
+
 /// Reads whole `files` a few at a time, in order; counts into `stats`.
 pub async fn all_rows_of(
     store: &Arc<dyn ObjectStore>,

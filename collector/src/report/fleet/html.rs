@@ -290,8 +290,9 @@ pub fn figures(fleet: &Fleet) -> Vec<Figure> {
             id: id.into(),
             title: title.into(),
             reading: format!(
-                "Of the {jobs} GPU jobs of the imported trace, {} ones ({} % of the jobs) took \
+                "Of the {jobs} GPU jobs of the trace ({}), {} ones ({} % of the jobs) took \
                  {} % of the GPU time.",
+                fleet.trace_from,
                 top.value,
                 number(100.0 * top.jobs as f64 / jobs.max(1) as f64),
                 number(100.0 * top.share.unwrap_or(0.0))
@@ -363,7 +364,8 @@ pub fn page(fleet: &Fleet, figures: &[Figure]) -> String {
          <h1>gputel report</h1><p class=\"meta\">Store <code>{store}</code>, {span} \
          (UTC): {nodes} nodes, {gpus} GPUs, {rows} GPU samples; {resample}. Every quantity \
          is time-weighted: a sample counts for the time until its device's next one (at \
-         most three sampling intervals). Read {files} files, {read} of {bytes} bytes.</p>",
+         most three sampling intervals). {trace} Read {files} files, {read} of {bytes} \
+         bytes.</p>",
         store = escape(&fleet.store),
         span = escape(&span),
         nodes = fleet.nodes,
@@ -375,6 +377,16 @@ pub fn page(fleet: &Fleet, figures: &[Figure]) -> String {
                 number(s)
             ),
             None => "every sample as recorded".into(),
+        },
+        trace = if fleet.trace_from == gputel_schemas::scheduler_job::NAME {
+            "Job types and states: the store's imported trace (scheduler_job).".to_owned()
+        } else {
+            format!(
+                "Job types and states: the trace in <code>{}</code>, not imported; the \
+                 figures' SQL reads them once <code>gputel-collector import-jobs</code> has \
+                 put it in the store.",
+                escape(&fleet.trace_from)
+            )
         },
         files = fleet.read.files,
         read = fleet.read.bytes_read,

@@ -169,9 +169,20 @@ pub struct Fleet {
     pub jobs: Vec<Job>,
     pub job_types: Vec<JobType>,
     pub xids: Vec<XidCategory>,
-    /// The imported trace's GPU time by job type and by folded state.
+    /// The trace's GPU time by job type and by folded state.
     pub trace_shares: Vec<TraceShare>,
+    /// Where the job trace came from: the store's `scheduler_job` table, or
+    /// the file given to `--jobs`.
+    pub trace_from: String,
     pub read: ReadStats,
+}
+
+/// A job trace read from a file for this report alone (`--jobs`), in place
+/// of the store's `scheduler_job` table.
+#[derive(Debug, Clone, Copy)]
+pub struct TraceFile<'a> {
+    pub name: &'a str,
+    pub trace: &'a crate::import::Trace,
 }
 
 /// Per-job sums over its gpu rows.
@@ -221,11 +232,13 @@ const THERMAL_BITS: i64 = 0x20 | 0x40;
 const POWER_BITS: i64 = 0x4 | 0x80;
 const HW_SLOWDOWN_BIT: i64 = 0x8;
 
-/// Makes the fleet's figures from `store`.
+/// Makes the fleet's figures from `store`, its jobs typed by `trace_file`
+/// when given, else by the store's imported trace.
 pub async fn fleet(
     store: Arc<dyn ObjectStore>,
     store_name: &str,
     options: Options,
+    trace_file: Option<TraceFile<'_>>,
 ) -> Result<Result<Fleet, String>, ReportError> {
     let counting = Arc::new(Counting::new(store));
     let store: Arc<dyn ObjectStore> = counting.clone();
@@ -331,7 +344,13 @@ pub async fn fleet(
             .await?;
     }
 
-    let trace = trace::latest(&store, &mut stats).await?;
+    let (trace, trace_from) = match trace_file {
+        Some(file) => (trace::of_file(file.trace), file.name.to_owned()),
+        None => (
+            trace::latest(&store, &mut stats).await?,
+            gputel_schemas::scheduler_job::NAME.to_owned(),
+        ),
+    };
     let events = read_events(&store, window, &mut stats).await?;
 
     let mut cdfs = BTreeMap::new();
@@ -386,6 +405,7 @@ pub async fn fleet(
         job_types,
         xids,
         trace_shares,
+        trace_from,
         read: stats,
     }))
 }

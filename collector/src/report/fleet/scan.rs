@@ -8,11 +8,14 @@
 //!
 //! The median is over the device's whole series, so a table is read twice:
 //! once for the devices' times only (the gaps), then with the columns the
-//! figures need. Each pass holds one hour of the table at a time (sorted by
-//! device and time in memory, as flush files are not sorted), plus each
-//! device's last row of the hour before.
+//! figures need. Memory does not grow with the fleet or the hour: every file
+//! gputel writes is sorted by node, so an hour's files are merged node by
+//! node, a batch of each at a time, and only a few nodes' rows ([`CHUNK_ROWS`])
+//! are sorted by device and time at once. A file that does not say it is
+//! sorted (another writer's) is read whole and sorted by node first.
 
 use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
@@ -24,11 +27,13 @@ use arrow_array::{
     StringArray, TimestampMicrosecondArray,
 };
 use arrow_schema::{DataType, TimeUnit};
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
 use gputel_schemas::{PartitionKey, PartitionPath};
 use object_store::{ObjectMeta, ObjectStore};
 
 use super::super::ReportError;
-use super::super::read::{ReadStats, all_rows_of, list};
+use super::super::read::{ReadStats, RowStream, list, stream_rows};
 use crate::report::summary::MAX_WEIGHT_INTERVALS;
 
 /// Which rows a report looks at: hours that overlap, then rows within.
@@ -313,11 +318,185 @@ pub struct Row<'b> {
     pub row: usize,
 }
 
-/// The rows of one hour, keyed and sorted by device and time.
-struct Hour {
-    batches: Vec<Batch>,
+/// Rows of one or more whole nodes of an hour, sorted by device and time.
+#[derive(Default)]
+struct Chunk {
+    batches: Vec<Arc<Batch>>,
     /// (device, ts, batch, row)
     order: Vec<(u32, i64, u32, u32)>,
+}
+
+/// Rows a chunk gathers (whole nodes) before it is sorted and handed on.
+pub const CHUNK_ROWS: usize = 1 << 16;
+/// Rows decoded at a time over all of an hour's files together.
+const HOUR_BATCH_ROWS: usize = 1 << 16;
+/// A row's node when it has none.
+const NO_NODE: u32 = u32::MAX;
+
+/// One file of an hour, read a batch at a time, node by node.
+struct Source {
+    path: String,
+    batches: BoxStream<'static, Result<RecordBatch, ReportError>>,
+    /// The batch in hand, each row's node id, and the next row.
+    current: Option<(Arc<Batch>, Vec<u32>)>,
+    at: usize,
+    /// The node taken last: the next must sort after it.
+    last: Option<u32>,
+}
+
+impl Source {
+    /// The next row's node, reading the next batch when this one is done.
+    async fn peek(
+        &mut self,
+        columns: &[&str],
+        names: &mut Names,
+    ) -> Result<Option<u32>, ReportError> {
+        loop {
+            if let Some((_, nodes)) = &self.current {
+                while self.at < nodes.len() && nodes[self.at] == NO_NODE {
+                    self.at += 1;
+                }
+                if let Some(&node) = nodes.get(self.at) {
+                    return Ok(Some(node));
+                }
+            }
+            let Some(batch) = self.batches.next().await else {
+                self.current = None;
+                return Ok(None);
+            };
+            let batch = Batch::new(&batch?, columns);
+            let nodes = node_ids(&batch, names);
+            self.current = Some((Arc::new(batch), nodes));
+            self.at = 0;
+        }
+    }
+
+    /// The rows of `node` at the head of the batch in hand (after a
+    /// [`Source::peek`] that said `node`).
+    fn take(
+        &mut self,
+        node: u32,
+        names: &Names,
+    ) -> Result<(Arc<Batch>, Range<usize>), ReportError> {
+        if let Some(last) = self.last.filter(|&l| l != node)
+            && names.name(node) < names.name(last)
+        {
+            return Err(ReportError::Unsorted {
+                path: self.path.clone(),
+                node: names.name(node).to_owned(),
+                after: names.name(last).to_owned(),
+            });
+        }
+        self.last = Some(node);
+        let (batch, nodes) = self.current.as_ref().expect("peeked");
+        let start = self.at;
+        while self.at < nodes.len() && nodes[self.at] == node {
+            self.at += 1;
+        }
+        Ok((Arc::clone(batch), start..self.at))
+    }
+}
+
+/// Each row's node id (NO_NODE: null); a dictionary's values are interned
+/// once per batch.
+fn node_ids(batch: &Batch, names: &mut Names) -> Vec<u32> {
+    let node = batch.col(0);
+    match node {
+        Col::Dict(dict, values) => {
+            let ids: Vec<u32> = (0..values.len())
+                .map(|i| names.id(values.value(i)))
+                .collect();
+            (0..batch.rows)
+                .map(|row| {
+                    dict.is_valid(row)
+                        .then(|| usize::try_from(dict.keys().value(row)).ok())
+                        .flatten()
+                        .and_then(|k| ids.get(k).copied())
+                        .unwrap_or(NO_NODE)
+                })
+                .collect()
+        }
+        _ => (0..batch.rows)
+            .map(|row| node.text(row).map_or(NO_NODE, |n| names.id(n)))
+            .collect(),
+    }
+}
+
+/// An hour's files merged node by node, in name order.
+struct HourReader {
+    columns: Vec<&'static str>,
+    sources: Vec<Source>,
+}
+
+impl HourReader {
+    /// The next few whole nodes' rows within the window, sorted by device and
+    /// time; None when every file is done.
+    async fn next_chunk(
+        &mut self,
+        scan: &Scan<'_>,
+        names: &mut Names,
+        devices: &mut Devices,
+    ) -> Result<Option<Chunk>, ReportError> {
+        let parts = scan.spec.parts.len();
+        let mut chunk = Chunk::default();
+        let mut done = false;
+        while chunk.order.len() < CHUNK_ROWS {
+            // The node of every file's next row that sorts first.
+            let mut next: Option<u32> = None;
+            for source in &mut self.sources {
+                if let Some(node) = source.peek(&self.columns, names).await?
+                    && next.is_none_or(|n| names.name(node) < names.name(n))
+                {
+                    next = Some(node);
+                }
+            }
+            let Some(node) = next else {
+                done = true;
+                break;
+            };
+            for source in &mut self.sources {
+                while source.peek(&self.columns, names).await? == Some(node) {
+                    let (batch, rows) = source.take(node, names)?;
+                    if !chunk.batches.last().is_some_and(|b| Arc::ptr_eq(b, &batch)) {
+                        chunk.batches.push(batch);
+                    }
+                    let b = chunk.batches.len() - 1;
+                    let batch = &chunk.batches[b];
+                    let ts = batch.col(parts + 1);
+                    for row in rows {
+                        let Some(ts_us) = ts.int(row) else { continue };
+                        if !scan.window.holds(ts_us) {
+                            continue;
+                        }
+                        let mut key = Key {
+                            node,
+                            parts: [None; 3],
+                        };
+                        for p in 0..parts {
+                            let col = batch.col(p + 1);
+                            key.parts[p] = match col {
+                                Col::Str(_) | Col::Dict(..) => {
+                                    col.text(row).map(|t| names.id(t).into())
+                                }
+                                _ => col.int(row),
+                            };
+                        }
+                        chunk.order.push((
+                            devices.device(key),
+                            ts_us,
+                            u32::try_from(b).unwrap_or(u32::MAX),
+                            u32::try_from(row).unwrap_or(u32::MAX),
+                        ));
+                    }
+                }
+            }
+        }
+        if done && chunk.order.is_empty() {
+            return Ok(None);
+        }
+        chunk.order.sort_unstable();
+        Ok(Some(chunk))
+    }
 }
 
 impl Scan<'_> {
@@ -329,73 +508,47 @@ impl Scan<'_> {
         columns
     }
 
+    /// Opens an hour's files (a few at a time: S3 answers each request in
+    /// tens of milliseconds) for the key columns and `extra`.
     async fn hour(
         &self,
         files: &[ObjectMeta],
-        extra: &[&str],
-        names: &mut Names,
-        devices: &mut Devices,
+        extra: &[&'static str],
         stats: &mut ReadStats,
-    ) -> Result<Hour, ReportError> {
+    ) -> Result<HourReader, ReportError> {
+        const AT_ONCE: usize = 8;
         let mut columns = self.key_columns();
         columns.extend(extra);
-        let batches = all_rows_of(self.store, files, &columns, stats).await?;
-        let parts = self.spec.parts.len();
-        let mut typed = Vec::with_capacity(batches.len());
-        let mut order = Vec::new();
-        for (b, batch) in batches.iter().enumerate() {
-            let batch = Batch::new(batch, &columns);
-            let node = batch.col(0);
-            let ts = batch.col(parts + 1);
-            // A dictionary's values are interned once per batch.
-            let dict_ids: Option<Vec<u32>> = match node {
-                Col::Dict(_, values) => Some(
-                    (0..values.len())
-                        .map(|i| names.id(values.value(i)))
-                        .collect(),
-                ),
-                _ => None,
+        let batch_size = (HOUR_BATCH_ROWS / files.len().max(1)).clamp(1024, 8192);
+        let opened: Vec<RowStream> = futures::stream::iter(files.iter().cloned())
+            .map(|file| {
+                let store = Arc::clone(self.store);
+                let columns = columns.clone();
+                async move { stream_rows(store, &file, &columns, "node", batch_size).await }
+            })
+            .buffered(AT_ONCE)
+            .try_collect()
+            .await?;
+        let mut sources = Vec::with_capacity(opened.len());
+        for (file, stream) in files.iter().zip(opened) {
+            stats.files += 1;
+            stats.file_bytes += file.size;
+            stats.row_groups += stream.row_groups;
+            stats.row_groups_read += stream.row_groups;
+            let batches = if stream.sorted {
+                stream.batches
+            } else {
+                sorted_by_node(&stream.path, stream.batches).await?
             };
-            for row in 0..batch.rows {
-                let Some(ts_us) = ts.int(row) else { continue };
-                if !self.window.holds(ts_us) {
-                    continue;
-                }
-                let node_id = match (&dict_ids, node) {
-                    (Some(ids), Col::Dict(dict, _)) if dict.is_valid(row) => {
-                        usize::try_from(dict.keys().value(row))
-                            .ok()
-                            .and_then(|k| ids.get(k).copied())
-                    }
-                    _ => node.text(row).map(|n| names.id(n)),
-                };
-                let Some(node_id) = node_id else { continue };
-                let mut key = Key {
-                    node: node_id,
-                    parts: [None; 3],
-                };
-                for p in 0..parts {
-                    let col = batch.col(p + 1);
-                    key.parts[p] = match col {
-                        Col::Str(_) | Col::Dict(..) => col.text(row).map(|t| names.id(t).into()),
-                        _ => col.int(row),
-                    };
-                }
-                let device = devices.device(key);
-                order.push((
-                    device,
-                    ts_us,
-                    u32::try_from(b).unwrap_or(u32::MAX),
-                    u32::try_from(row).unwrap_or(u32::MAX),
-                ));
-            }
-            typed.push(batch);
+            sources.push(Source {
+                path: stream.path,
+                batches,
+                current: None,
+                at: 0,
+                last: None,
+            });
         }
-        order.sort_unstable();
-        Ok(Hour {
-            batches: typed,
-            order,
-        })
+        Ok(HourReader { columns, sources })
     }
 
     /// Pass 1: the devices and their median gaps; with them, each node's
@@ -408,13 +561,15 @@ impl Scan<'_> {
     ) -> Result<(Devices, HashMap<u32, i64>), ReportError> {
         let mut devices = Devices::default();
         for files in self.hours.values() {
-            let hour = self.hour(files, &[], names, &mut devices, stats).await?;
-            for &(device, ts_us, _, _) in &hour.order {
-                let d = device as usize;
-                if let Some(last) = devices.last_ts[d] {
-                    *devices.gaps[d].entry(ts_us - last).or_default() += 1;
+            let mut hour = self.hour(files, &[], stats).await?;
+            while let Some(chunk) = hour.next_chunk(self, names, &mut devices).await? {
+                for &(device, ts_us, _, _) in &chunk.order {
+                    let d = device as usize;
+                    if let Some(last) = devices.last_ts[d] {
+                        *devices.gaps[d].entry(ts_us - last).or_default() += 1;
+                    }
+                    devices.last_ts[d] = Some(ts_us);
                 }
-                devices.last_ts[d] = Some(ts_us);
             }
         }
         let modes = if modes {
@@ -432,7 +587,7 @@ impl Scan<'_> {
     /// node's sampling interval, for devices seen once.
     pub async fn weighted(
         &self,
-        columns: &[&str],
+        columns: &[&'static str],
         names: &mut Names,
         devices: &mut Devices,
         intervals: &HashMap<u32, i64>,
@@ -454,34 +609,39 @@ impl Scan<'_> {
         };
         let mut pending: Vec<Option<Pending>> = Vec::new();
         for files in self.hours.values() {
-            let hour = self.hour(files, columns, names, devices, stats).await?;
-            pending.resize_with(devices.len(), || None);
-            for &(device, ts_us, b, row) in &hour.order {
-                let d = device as usize;
-                if let Some(previous) = pending[d].take() {
-                    let (prev_ts, batch, prev_row) = match &previous {
-                        Pending::Here(t, b, r) => (*t, &hour.batches[*b as usize], *r as usize),
-                        Pending::Kept(t, batch) => (*t, batch, 0),
-                    };
-                    let gap = ts_us - prev_ts;
-                    let weight_us = cap(devices, d).map_or(gap, |c| gap.min(c));
-                    visit(Row {
-                        device,
-                        key: devices.keys[d],
-                        ts_us: prev_ts,
-                        weight_us,
-                        batch,
-                        row: prev_row,
-                    });
+            let mut hour = self.hour(files, columns, stats).await?;
+            while let Some(chunk) = hour.next_chunk(self, names, devices).await? {
+                pending.resize_with(devices.len(), || None);
+                for &(device, ts_us, b, row) in &chunk.order {
+                    let d = device as usize;
+                    if let Some(previous) = pending[d].take() {
+                        let (prev_ts, batch, prev_row) = match &previous {
+                            Pending::Here(t, b, r) => {
+                                (*t, &*chunk.batches[*b as usize], *r as usize)
+                            }
+                            Pending::Kept(t, batch) => (*t, batch, 0),
+                        };
+                        let gap = ts_us - prev_ts;
+                        let weight_us = cap(devices, d).map_or(gap, |c| gap.min(c));
+                        visit(Row {
+                            device,
+                            key: devices.keys[d],
+                            ts_us: prev_ts,
+                            weight_us,
+                            batch,
+                            row: prev_row,
+                        });
+                    }
+                    pending[d] = Some(Pending::Here(ts_us, b, row));
                 }
-                pending[d] = Some(Pending::Here(ts_us, b, row));
-            }
-            // Rows still waiting are copied out of the hour's batches,
-            // which are dropped.
-            for p in pending.iter_mut() {
-                if let Some(Pending::Here(ts, b, row)) = p {
-                    let kept = keep_row(&hour.batches[*b as usize], *row as usize);
-                    *p = Some(Pending::Kept(*ts, kept));
+                // The chunk's devices' last rows are copied out of its batches,
+                // which are dropped: the devices' next rows are in a later hour.
+                for &(device, ..) in &chunk.order {
+                    let p = &mut pending[device as usize];
+                    if let Some(Pending::Here(ts, b, row)) = p {
+                        let kept = keep_row(&chunk.batches[*b as usize], *row as usize);
+                        *p = Some(Pending::Kept(*ts, kept));
+                    }
                 }
             }
         }
@@ -511,6 +671,33 @@ impl Scan<'_> {
     }
 }
 
+/// The rows of a file that does not say it is sorted (another writer's,
+/// e.g. DuckDB's COPY), read whole and sorted by node: one batch.
+async fn sorted_by_node(
+    path: &str,
+    batches: BoxStream<'static, Result<RecordBatch, ReportError>>,
+) -> Result<BoxStream<'static, Result<RecordBatch, ReportError>>, ReportError> {
+    let batches: Vec<RecordBatch> = batches.try_collect().await?;
+    let Some(first) = batches.first() else {
+        return Ok(futures::stream::empty().boxed());
+    };
+    let unsorted = |source: arrow_schema::ArrowError| ReportError::Decode {
+        path: path.to_owned(),
+        source: source.into(),
+    };
+    let whole =
+        arrow_select::concat::concat_batches(&first.schema(), &batches).map_err(unsorted)?;
+    drop(batches);
+    let sorted = match whole.column_by_name("node") {
+        Some(node) => {
+            let order = arrow_ord::sort::sort_to_indices(node, None, None).map_err(unsorted)?;
+            arrow_select::take::take_record_batch(&whole, &order).map_err(unsorted)?
+        }
+        None => whole,
+    };
+    Ok(futures::stream::iter([Ok(sorted)]).boxed())
+}
+
 /// One row of a batch as a batch of its own.
 fn keep_row(batch: &Batch, row: usize) -> Batch {
     let cols = batch
@@ -533,6 +720,195 @@ fn keep_row(batch: &Batch, row: usize) -> Batch {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use arrow_array::builder::StringDictionaryBuilder;
+    use arrow_array::{ArrayRef, new_null_array};
+    use gputel_schemas::Table;
+    use object_store::memory::InMemory;
+    use object_store::path::Path as ObjectPath;
+    use object_store::{ObjectStoreExt, PutPayload};
+
+    const NODES: usize = 40;
+    const GPUS: i32 = 2;
+    const SECONDS: i64 = 1800;
+    /// 2026-11-02T08:00:00Z.
+    const HOUR_US: i64 = 1_793_606_400_000_000;
+
+    /// The utilization a GPU reports at second `s`.
+    fn util(node: usize, gpu: i32, s: i64) -> i32 {
+        ((node as i64 * 7 + i64::from(gpu) * 13 + s * 3) % 101) as i32
+    }
+
+    /// gpu rows of every node and GPU at seconds `s` with `s % 2 == parity`
+    /// (None: all), with every other column null, or zero where it may not be.
+    fn gpu_rows(parity: Option<i64>) -> RecordBatch {
+        let mut rows = Vec::new();
+        for node in 0..NODES {
+            for gpu in 0..GPUS {
+                for s in (0..SECONDS).filter(|s| parity.is_none_or(|p| s % 2 == p)) {
+                    rows.push((node, gpu, s));
+                }
+            }
+        }
+        let n = rows.len();
+        let schema = Table::Gpu.schema();
+        let dict = |values: Vec<String>| -> ArrayRef {
+            let mut b = StringDictionaryBuilder::<Int32Type>::new();
+            for v in values {
+                b.append_value(v);
+            }
+            Arc::new(b.finish())
+        };
+        let columns: Vec<ArrayRef> = schema
+            .fields()
+            .iter()
+            .map(|f| match f.name().as_str() {
+                "ts" => Arc::new(
+                    TimestampMicrosecondArray::from_iter_values(
+                        rows.iter().map(|r| HOUR_US + r.2 * 1_000_000),
+                    )
+                    .with_timezone("UTC"),
+                ) as ArrayRef,
+                "node" => dict(rows.iter().map(|r| format!("n{:02}", r.0)).collect()),
+                "uuid" | "model" => dict(vec![String::new(); n]),
+                "gpu" => Arc::new(Int32Array::from_iter_values(rows.iter().map(|r| r.1))),
+                "gpu_util_pct" => Arc::new(Int32Array::from_iter_values(
+                    rows.iter().map(|r| util(r.0, r.1, r.2)),
+                )),
+                _ if !f.is_nullable() => Arc::new(Int32Array::from(vec![0; n])),
+                _ => new_null_array(f.data_type(), n),
+            })
+            .collect();
+        RecordBatch::try_new(schema, columns).expect("gpu rows")
+    }
+
+    async fn put(store: &InMemory, name: &str, bytes: bytes::Bytes) {
+        let path = ObjectPath::from(format!("gpu/date=2026-11-02/hour=08/{name}.parquet"));
+        store
+            .put(&path, PutPayload::from(bytes))
+            .await
+            .expect("put");
+    }
+
+    /// gputel's way: sorted by the table's key, which the file declares.
+    fn sorted_file(batch: &RecordBatch) -> bytes::Bytes {
+        let sorted = crate::persist::sort_rows(Table::Gpu, batch).expect("sort");
+        crate::persist::encode(Table::Gpu, Table::Gpu.schema(), &sorted).expect("encode")
+    }
+
+    /// Another writer's: rows as given, no sort order declared.
+    fn plain_file(batch: &RecordBatch) -> bytes::Bytes {
+        let mut out = Vec::new();
+        let mut w =
+            parquet::arrow::ArrowWriter::try_new(&mut out, batch.schema(), None).expect("writer");
+        w.write(batch).expect("write");
+        w.close().expect("close");
+        out.into()
+    }
+
+    /// Every device's rows in the order the scan hands them over, with
+    /// their weights; checks each device's are in time order.
+    async fn scan_all(
+        store: InMemory,
+    ) -> Result<BTreeMap<(String, i64), (u64, f64, f64)>, ReportError> {
+        let store: Arc<dyn ObjectStore> = Arc::new(store);
+        let window = Window::default();
+        let hours = hours(store.as_ref(), "gpu", window).await?;
+        let scan = Scan {
+            store: &store,
+            spec: GPU,
+            hours: &hours,
+            window,
+        };
+        let (mut names, mut stats) = (Names::default(), ReadStats::default());
+        let (mut devices, _) = scan.devices(&mut names, &mut stats, false).await?;
+        let mut last: HashMap<u32, i64> = HashMap::new();
+        // Per device: rows, seconds, sum of utilization × seconds.
+        let mut out = BTreeMap::new();
+        scan.weighted(
+            &["gpu_util_pct"],
+            &mut names,
+            &mut devices,
+            &HashMap::new(),
+            &mut stats,
+            |r| {
+                let before = last.insert(r.device, r.ts_us);
+                assert!(
+                    before.is_none_or(|b| b < r.ts_us),
+                    "device {} out of order",
+                    r.device
+                );
+                let w = r.weight_us as f64 / 1e6;
+                let e: &mut (u64, f64, f64) = out.entry(r.key).or_default();
+                e.0 += 1;
+                e.1 += w;
+                e.2 += w * r.batch.col(5).num(r.row).expect("util");
+            },
+        )
+        .await?;
+        Ok(out
+            .into_iter()
+            .map(|(k, v): (Key, _)| ((names.name(k.node).to_owned(), k.parts[0].expect("gpu")), v))
+            .collect())
+    }
+
+    fn expected() -> BTreeMap<(String, i64), (u64, f64, f64)> {
+        let mut out = BTreeMap::new();
+        for node in 0..NODES {
+            for gpu in 0..GPUS {
+                // Every second 1 s apart; the last weighs the median gap, 1 s.
+                let sum: i64 = (0..SECONDS).map(|s| i64::from(util(node, gpu, s))).sum();
+                let key = (format!("n{node:02}"), i64::from(gpu));
+                out.insert(key, (SECONDS as u64, SECONDS as f64, sum as f64));
+            }
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn files_interleaved_in_time_merge_node_by_node_in_bounded_chunks() {
+        // Two sorted files, the even and the odd seconds: every device's
+        // rows alternate between them, 144,000 rows each (several batches
+        // of each file, several chunks).
+        let store = InMemory::new();
+        put(&store, "even", sorted_file(&gpu_rows(Some(0)))).await;
+        put(&store, "odd", sorted_file(&gpu_rows(Some(1)))).await;
+        assert!(2 * NODES * GPUS as usize * SECONDS as usize / 2 > 2 * CHUNK_ROWS);
+        assert_eq!(scan_all(store).await.expect("scan"), expected());
+    }
+
+    #[tokio::test]
+    async fn a_file_without_a_sort_order_is_sorted_whole() {
+        let rows = gpu_rows(None);
+        // Reversed: the last node and second first.
+        let reversed =
+            arrow_array::UInt64Array::from_iter_values((0..rows.num_rows() as u64).rev());
+        let rows = arrow_select::take::take_record_batch(&rows, &reversed).expect("take");
+        let store = InMemory::new();
+        put(&store, "duckdb", plain_file(&rows)).await;
+        assert_eq!(scan_all(store).await.expect("scan"), expected());
+    }
+
+    #[tokio::test]
+    async fn a_file_that_says_it_is_sorted_and_is_not_is_an_error() {
+        let rows = gpu_rows(Some(0));
+        let reversed =
+            arrow_array::UInt64Array::from_iter_values((0..rows.num_rows() as u64).rev());
+        let rows = arrow_select::take::take_record_batch(&rows, &reversed).expect("take");
+        let props = crate::persist::writer_properties(Table::Gpu);
+        let bytes = crate::persist::encode_with(Table::Gpu.schema(), props, &rows).expect("encode");
+        let store = InMemory::new();
+        put(&store, "liar", bytes).await;
+        match scan_all(store).await {
+            Err(ReportError::Unsorted { path, node, after }) => {
+                assert!(path.ends_with("liar.parquet"), "{path}");
+                assert!(node < after, "{node} after {after}");
+            }
+            other => panic!(
+                "expected an Unsorted error, got {:?}",
+                other.map(|m| m.len())
+            ),
+        }
+    }
 
     #[test]
     fn median_is_the_lower_middle_of_the_gaps() {

@@ -1,5 +1,7 @@
-//! The imported scheduler trace (`import-jobs`), one record per job: the
-//! scheduler_job_latest view of schemas/sql/views.sql.
+//! The scheduler trace, one record per job: as imported (`import-jobs`),
+//! the scheduler_job_latest view of schemas/sql/views.sql; or as parsed
+//! from a file for one report (`report --jobs`), each job as its import
+//! would store it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -10,6 +12,7 @@ use super::super::ReportError;
 use super::super::read::{ReadStats, all_rows_of, list};
 use super::TraceShare;
 use super::scan::Col;
+use crate::import::Trace;
 
 /// One job of the trace.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -78,6 +81,27 @@ pub async fn latest(
         }
     }
     Ok(out.into_iter().map(|(id, (_, _, job))| (id, job)).collect())
+}
+
+/// Every job of a parsed trace by id, with the values its import would
+/// store (the `source` column is the format's name).
+pub fn of_file(trace: &Trace) -> HashMap<String, TraceJob> {
+    trace
+        .jobs
+        .iter()
+        .map(|job| {
+            let record = TraceJob {
+                source: Some(trace.format.name().to_owned()),
+                job_type: job.job_type.clone(),
+                state: job.state.clone(),
+                duration_s: job.duration_s.map(|s| s as f64),
+                queue_s: job.queue_s.map(|s| s as f64),
+                gpus: job.gpus.map(i64::from),
+                gpu_time_s: job.gpu_time_s.map(|s| s as f64),
+            };
+            (job.job_id.clone(), record)
+        })
+        .collect()
 }
 
 /// gpu_time_share.sql's 'trace' scope: GPU jobs only (gpus > 0), a job's
