@@ -89,6 +89,38 @@ stop_collector() {
   wait "$COLLECTOR_PID" || die "the collector failed: $(tail -5 "$(dirname "$COLLECTOR_TIME")/collector.log")"
 }
 
+# One hour (2024-06-12T12) of NODES simulated nodes sampled every second,
+# written by the real collector flushing every FLUSH seconds of wall time,
+# as flushed (not compacted: a fresh hour's many files) in
+# target/bench-query/NODESx1s-hour/flushed and compacted in .../compacted.
+# Sets $flushed and $compacted.
+hour_store() {
+  local nodes=$1 flush=$2
+  local base
+  base="$(pwd)/target/bench-query/${nodes}x1s-hour"
+  flushed="$base/flushed"
+  compacted="$base/compacted"
+  if [[ ! -e $base/done ]]; then
+    rm -rf "$base"
+    trap 'set +e; pkill -P "${COLLECTOR_PID:-0}"; true' EXIT
+    start_collector "$base" --flush-interval "${flush}s"
+    say "writing an hour (3600 ticks of 1 s) of $nodes nodes through the collector"
+    "$LOADGEN" --collector "http://127.0.0.1:$COLLECTOR_PORT" --agents "$nodes" --gpus 8 \
+      --ticks 3600 --interval-ms 1000 --start-ts 2024-06-12T12:00:00Z \
+      >"$base/loadgen.out" 2>"$base/loadgen.log" \
+      || die "gputel-loadgen failed: $(tail -5 "$base/loadgen.log")"
+    stop_collector
+    trap - EXIT
+    mv "$base/store" "$flushed"
+    cp -r "$flushed" "$compacted"
+    say "compacting a copy of the hour"
+    "$COLLECTOR" compact --store "$compacted" >"$base/compact.log" 2>&1 \
+      || die "compaction failed: $(tail -5 "$base/compact.log")"
+    rm -rf "$base/wal"
+    touch "$base/done"
+  fi
+}
+
 # The benchmark day: INTERVAL-second ticks of NODES simulated nodes (8 GPUs,
 # 4 IB ports each) on 2024-06-12, written by the real collector from
 # `gputel-loadgen` and compacted by `gputel-collector compact`, as a serving

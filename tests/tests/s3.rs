@@ -306,6 +306,43 @@ fn two_collectors_share_a_bucket_and_import_jobs_writes_there() {
     assert_eq!(from_s3, from_dir);
     assert_eq!(from_s3["job_id"], job);
     assert_eq!(from_s3["gpus"], 8);
+
+    // So is the fleet report: the hours' files of two collectors, merged
+    // node by node, from the bucket as from the copy.
+    let fleet = |store: &str, s3_settings: bool| -> serde_json::Value {
+        let mut cmd = Command::new(collector_bin());
+        if s3_settings {
+            s3_env(&mut cmd)
+                .env("AWS_ENDPOINT_URL", s3.endpoint())
+                .env("AWS_ALLOW_HTTP", "true");
+        }
+        let out = cmd
+            .args(["report", "--json", "--store", store, "--out"])
+            .arg(tmp.path().join("fleet.html"))
+            .output()
+            .expect("run gputel-collector report");
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let json = out
+            .stdout
+            .split(|b| *b == b'\n')
+            .next()
+            .expect("a JSON line");
+        let mut fleet: serde_json::Value = serde_json::from_slice(json).expect("JSON");
+        fleet["store"] = serde_json::Value::Null;
+        fleet["read"] = serde_json::Value::Null;
+        fleet
+    };
+    let from_s3 = fleet(&format!("s3://{BUCKET}/{PREFIX}"), true);
+    let from_dir = fleet(&local.display().to_string(), false);
+    assert_eq!(from_s3, from_dir);
+    // Five agents of 8 GPUs, 40 ticks each.
+    assert_eq!(from_s3["gpus"], 40);
+    assert_eq!(from_s3["gpu_rows"], 5 * 8 * 40);
 }
 
 #[test]

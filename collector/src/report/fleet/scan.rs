@@ -79,6 +79,11 @@ pub async fn hours(
             hours.entry(path.key()).or_default().push(file);
         }
     }
+    // In name order, whatever order the store lists them in: the sums (and
+    // so the last digits of every figure) do not depend on the listing.
+    for files in hours.values_mut() {
+        files.sort_by(|a, b| a.location.cmp(&b.location));
+    }
     Ok(hours)
 }
 
@@ -594,12 +599,11 @@ impl Scan<'_> {
         stats: &mut ReadStats,
         mut visit: impl FnMut(Row<'_>),
     ) -> Result<(), ReportError> {
-        // Each device's row waiting for the next one's time: in this hour's
-        // batches, or (the device missing from the hour after) a one-row
-        // batch of its own.
+        // Each device's row waiting for the next one's time: in the chunk's
+        // batches, or, copied out of them, in a batch of the chunk's last rows.
         enum Pending {
             Here(i64, u32, u32),
-            Kept(i64, Batch),
+            Kept(i64, Arc<Batch>, u32),
         }
         let cap = |devices: &Devices, d: usize| {
             devices.median_us.get(d).copied().flatten().map(|m| {
@@ -619,7 +623,7 @@ impl Scan<'_> {
                             Pending::Here(t, b, r) => {
                                 (*t, &*chunk.batches[*b as usize], *r as usize)
                             }
-                            Pending::Kept(t, batch) => (*t, batch, 0),
+                            Pending::Kept(t, batch, r) => (*t, &**batch, *r as usize),
                         };
                         let gap = ts_us - prev_ts;
                         let weight_us = cap(devices, d).map_or(gap, |c| gap.min(c));
@@ -636,18 +640,24 @@ impl Scan<'_> {
                 }
                 // The chunk's devices' last rows are copied out of its batches,
                 // which are dropped: the devices' next rows are in a later hour.
+                let mut waiting = Vec::new();
                 for &(device, ..) in &chunk.order {
-                    let p = &mut pending[device as usize];
-                    if let Some(Pending::Here(ts, b, row)) = p {
-                        let kept = keep_row(&chunk.batches[*b as usize], *row as usize);
-                        *p = Some(Pending::Kept(*ts, kept));
+                    if let Some(Pending::Here(ts, b, row)) = pending[device as usize] {
+                        waiting.push((device, ts, (b, row)));
+                        pending[device as usize] = None;
                     }
+                }
+                let rows: Vec<(u32, u32)> = waiting.iter().map(|w| w.2).collect();
+                let kept = Arc::new(keep_rows(&chunk.batches, &rows));
+                for (i, (device, ts, _)) in waiting.into_iter().enumerate() {
+                    let i = u32::try_from(i).unwrap_or(u32::MAX);
+                    pending[device as usize] = Some(Pending::Kept(ts, Arc::clone(&kept), i));
                 }
             }
         }
         // Each device's last row weighs its median gap, or its node's interval.
         for (d, p) in pending.into_iter().enumerate() {
-            let Some(Pending::Kept(ts_us, batch)) = p else {
+            let Some(Pending::Kept(ts_us, batch, row)) = p else {
                 continue;
             };
             let weight = devices.median_us[d].or_else(|| {
@@ -663,7 +673,7 @@ impl Scan<'_> {
                     ts_us,
                     weight_us,
                     batch: &batch,
-                    row: 0,
+                    row: row as usize,
                 });
             }
         }
@@ -698,23 +708,55 @@ async fn sorted_by_node(
     Ok(futures::stream::iter([Ok(sorted)]).boxed())
 }
 
-/// One row of a batch as a batch of its own.
-fn keep_row(batch: &Batch, row: usize) -> Batch {
-    let cols = batch
-        .cols
-        .iter()
-        .map(|c| match c {
-            Col::Missing => Col::Missing,
-            Col::I32(a) => Col::I32(a.slice(row, 1)),
-            Col::I64(a) => Col::I64(a.slice(row, 1)),
-            Col::F32(a) => Col::F32(a.slice(row, 1)),
-            Col::F64(a) => Col::F64(a.slice(row, 1)),
-            Col::Ts(a) => Col::Ts(a.slice(row, 1)),
-            Col::Str(a) => Col::Str(a.slice(row, 1)),
-            Col::Dict(d, v) => Col::Dict(d.slice(row, 1), v.clone()),
+/// The rows (batch, row) of `batches` copied into one batch of their own,
+/// column by column: a slice would keep its whole batch alive, and every
+/// device's last row of an hour would keep its batch until the next hour.
+fn keep_rows(batches: &[Arc<Batch>], rows: &[(u32, u32)]) -> Batch {
+    let width = batches.first().map_or(0, |b| b.cols.len());
+    let cols = (0..width)
+        .map(|c| {
+            let at = |&(b, r): &(u32, u32)| (batches[b as usize].col(c), r as usize);
+            let int = |p| {
+                let (col, r) = at(p);
+                col.int(r)
+            };
+            let num = |p| {
+                let (col, r) = at(p);
+                col.num(r)
+            };
+            // The column's type: that of the first batch that has it.
+            match batches
+                .iter()
+                .map(|b| b.col(c))
+                .find(|col| !matches!(col, Col::Missing))
+            {
+                None | Some(Col::Missing) => Col::Missing,
+                Some(Col::I32(_)) => Col::I32(
+                    rows.iter()
+                        .map(|p| int(p).and_then(|v| i32::try_from(v).ok()))
+                        .collect(),
+                ),
+                Some(Col::I64(_)) => Col::I64(rows.iter().map(int).collect()),
+                Some(Col::Ts(_)) => Col::Ts(rows.iter().map(int).collect()),
+                Some(Col::F32(_)) => {
+                    Col::F32(rows.iter().map(|p| num(p).map(|v| v as f32)).collect())
+                }
+                Some(Col::F64(_)) => Col::F64(rows.iter().map(num).collect()),
+                Some(Col::Str(_) | Col::Dict(..)) => Col::Str(
+                    rows.iter()
+                        .map(|p| {
+                            let (col, r) = at(p);
+                            col.text(r)
+                        })
+                        .collect(),
+                ),
+            }
         })
         .collect();
-    Batch { cols, rows: 1 }
+    Batch {
+        cols,
+        rows: rows.len(),
+    }
 }
 
 #[cfg(test)]
@@ -862,6 +904,35 @@ mod tests {
             }
         }
         out
+    }
+
+    #[test]
+    fn kept_rows_hold_their_values_not_their_batches() {
+        let columns = ["node", "gpu", "ts", "gpu_util_pct", "power_mw"];
+        let a = Arc::new(Batch::new(&gpu_rows(Some(0)), &columns));
+        let b = Arc::new(Batch::new(&gpu_rows(Some(1)), &columns));
+        let kept = keep_rows(&[Arc::clone(&a), Arc::clone(&b)], &[(1, 5), (0, 777)]);
+        assert_eq!(kept.rows, 2);
+        for (i, col) in kept.cols.iter().enumerate() {
+            let bytes = match col {
+                Col::I32(a) => a.get_array_memory_size(),
+                Col::Ts(a) => a.get_array_memory_size(),
+                Col::Str(a) => a.get_array_memory_size(),
+                Col::I64(a) => a.get_array_memory_size(),
+                _ => 0,
+            };
+            assert!(
+                bytes < 4096,
+                "column {i} of the kept rows holds {bytes} bytes"
+            );
+        }
+        for (k, (batch, row)) in [(0, (&b, 5)), (1, (&a, 777))] {
+            assert_eq!(kept.col(0).text(k), batch.col(0).text(row));
+            for c in 1..4 {
+                assert_eq!(kept.col(c).int(k), batch.col(c).int(row), "column {c}");
+            }
+            assert_eq!(kept.col(4).int(k), None);
+        }
     }
 
     #[tokio::test]
