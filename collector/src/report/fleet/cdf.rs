@@ -38,12 +38,19 @@ impl Distribution {
         self.cells.is_empty()
     }
 
-    /// (value, cumulative seconds at or below it), in value order.
-    pub fn cumulative(&self) -> Vec<(f64, f64)> {
+    /// (value in hundredths, seconds), in value order: every sum over the
+    /// cells adds in this order, so a figure's last digits do not depend on
+    /// a hash map's order.
+    fn sorted(&self) -> Vec<(i64, f64)> {
         let mut cells: Vec<(i64, f64)> = self.cells.iter().map(|(&v, &w)| (v, w)).collect();
         cells.sort_unstable_by_key(|c| c.0);
-        let mut sum = 0.0;
         cells
+    }
+
+    /// (value, cumulative seconds at or below it), in value order.
+    pub fn cumulative(&self) -> Vec<(f64, f64)> {
+        let mut sum = 0.0;
+        self.sorted()
             .into_iter()
             .map(|(v, w)| {
                 sum += w;
@@ -62,9 +69,9 @@ impl Distribution {
     /// The time-weighted mean.
     pub fn mean(&self) -> Option<f64> {
         (self.total_s > 0.0).then(|| {
-            self.cells
-                .iter()
-                .map(|(&v, &w)| v as f64 / 100.0 * w)
+            self.sorted()
+                .into_iter()
+                .map(|(v, w)| v as f64 / 100.0 * w)
                 .sum::<f64>()
                 / self.total_s
         })
@@ -73,9 +80,9 @@ impl Distribution {
     /// The share of the time (0 to 1) with a value below `limit`.
     pub fn share_below(&self, limit: f64) -> Option<f64> {
         (self.total_s > 0.0).then(|| {
-            self.cells
-                .iter()
-                .filter(|(v, _)| (**v as f64 / 100.0) < limit)
+            self.sorted()
+                .into_iter()
+                .filter(|(v, _)| (*v as f64 / 100.0) < limit)
                 .map(|(_, w)| w)
                 .sum::<f64>()
                 / self.total_s
@@ -140,7 +147,9 @@ impl Windowed {
 
     /// Closes the open windows: call once, after the last sample.
     pub fn finish(mut self) -> Distribution {
-        for (_, (_, sum, weight)) in self.open.drain() {
+        let mut open: Vec<(u32, (i64, f64, f64))> = self.open.drain().collect();
+        open.sort_unstable_by_key(|o| o.0);
+        for (_, (_, sum, weight)) in open {
             if weight > 0.0 {
                 self.dist.add(sum / weight, weight);
             }

@@ -634,7 +634,10 @@ fn job_types(
         idle_s: f64,
     }
     let mut by_type: BTreeMap<String, Sums> = BTreeMap::new();
-    for (&id, s) in jobs {
+    // In job order, so that the sums' last digits do not depend on the map's.
+    let mut ordered: Vec<(&u32, &JobSums)> = jobs.iter().collect();
+    ordered.sort_unstable_by_key(|(id, _)| **id);
+    for (&id, s) in ordered {
         let job_type = trace
             .get(job_names.name(id))
             .and_then(|t| t.job_type.clone())
