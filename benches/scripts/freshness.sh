@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Freshness: from a sample's timestamp to its row being readable in Parquet,
-# at the default settings (agent: 1 s interval; collector: 60 s flush
-# interval). A release agent on the fake NVML and the fixture trees streams
-# to a release collector for DURATION seconds; a loop lists the store every
-# 200 ms and notes when each Parquet file appears. DuckDB then reads every
+# at the default settings (agent: 1 s interval; collector: 10 s flush
+# interval), and the files each table's hours hold before compaction. A
+# release agent on the fake NVML and the fixture trees streams to a release
+# collector for DURATION seconds; a loop lists the store every 200 ms and
+# notes when each Parquet file appears. DuckDB then reads every
 # row of every file: freshness = the time its file was seen − the row's `ts`.
 #
 #   benches/scripts/freshness.sh [DURATION]   # seconds, default 300
@@ -56,3 +57,7 @@ echo "freshness: seconds from a row's ts to its file being listed, rows written 
          round(quantile_cont(s, 0.5), 2) AS p50, round(quantile_cont(s, 0.9), 2) AS p90,
          round(quantile_cont(s, 0.99), 2) AS p99, round(max(s), 2) AS max
   FROM rows GROUP BY ALL ORDER BY tbl"
+echo "files per table and hour, before compaction (the run's hours):"
+find "$dir/store" -name '*.parquet' \
+  | sed -E 's|.*/store/([a-z_]+)/date=([^/]+)/hour=([0-9]+)/.*|\1 \2T\3|' | sort | uniq -c \
+  | awk '{ printf "  %-12s %s: %s files\n", $2, $3, $1 }'

@@ -6,7 +6,9 @@
 //! Each agent is one task with its own connection, node name and agent id,
 //! generating its rows with a [`SimNode`] as it goes. Tick timestamps are
 //! synthetic (start + k × interval): nothing sleeps, so a run lasts as long as
-//! the collector needs.
+//! the collector needs; with `--pace` each tick is sent at its time instead,
+//! as a fleet sends them, for what a collector holds and spends at a given
+//! rate.
 //!
 //! The client keeps every unacknowledged batch and cannot tell its producer
 //! about acknowledgements, so an agent sends its ticks in windows: one client
@@ -90,12 +92,13 @@ pub struct Cli {
     #[arg(long, value_name = "T", value_parser = clap::value_parser!(u64).range(1..))]
     pub ticks: u64,
     /// Simulated time between two ticks, in milliseconds; it spaces the
-    /// timestamps, it is never waited for.
+    /// timestamps, and is waited for only with --pace.
     #[arg(long, value_name = "MS", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
     pub interval_ms: u64,
     /// Timestamp of the first tick: RFC 3339 (2025-01-31T12:00:00Z) or `now`
     /// (rounded down to a multiple of the interval, as agents tick) [default:
-    /// now minus ticks × interval, so the whole run lies in the recent past].
+    /// now minus ticks × interval, so the whole run lies in the recent past;
+    /// with --pace, now].
     #[arg(long, value_name = "RFC3339|now")]
     pub start_ts: Option<String>,
     /// Node names are this prefix and the agent's number, from 1, zero-padded
@@ -115,6 +118,11 @@ pub struct Cli {
     /// Give up when not every batch is acknowledged within this time.
     #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = humantime::parse_duration)]
     pub timeout: Duration,
+    /// Send every agent's tick k at k × --interval-ms after the start, as a
+    /// fleet of agents does, instead of as fast as the collector acknowledges
+    /// (the run then lasts ticks × interval; --timeout counts from its end).
+    #[arg(long)]
+    pub pace: bool,
     /// Worker threads of the runtime [default: one per CPU].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub threads: Option<u32>,
@@ -173,6 +181,8 @@ pub struct Plan {
     pub concurrency: u32,
     pub window: u64,
     pub timeout: Duration,
+    /// Send tick k at k × interval after the start.
+    pub pace: bool,
     /// Makes this run's agent ids unique: a collector deduplicates by agent id
     /// and would take a second run's batches for resends of the first's.
     pub run_id: String,
@@ -203,6 +213,7 @@ impl Plan {
         // Like the agent's ticks, at wall-clock multiples of the interval.
         let aligned_now_us = now_us - now_us.rem_euclid(interval_us);
         let start_us = match cli.start_ts.as_deref() {
+            None if cli.pace => aligned_now_us,
             None => aligned_now_us.saturating_sub(span_us),
             Some("now") => aligned_now_us,
             Some(value) => DateTime::parse_from_rfc3339(value)
@@ -213,7 +224,9 @@ impl Plan {
                 .timestamp_micros(),
         };
         let last_us = start_us.saturating_add(span_us - interval_us);
-        if start_us < MIN_TS_US || last_us > now_us.saturating_add(MAX_FUTURE_US) {
+        // A paced tick is checked against the clock when it is sent.
+        let sent_by_us = now_us.saturating_add(if cli.pace { span_us } else { 0 });
+        if start_us < MIN_TS_US || last_us > sent_by_us.saturating_add(MAX_FUTURE_US) {
             return Err(PlanError::TimeRange {
                 first: rfc3339(start_us),
                 last: rfc3339(last_us),
@@ -232,6 +245,7 @@ impl Plan {
             concurrency: cli.concurrency.unwrap_or(cli.agents).min(cli.agents),
             window: 1,
             timeout: cli.timeout,
+            pace: cli.pace,
             run_id,
             values_per_row: [0; 3],
         };
@@ -500,7 +514,13 @@ pub async fn run(plan: Plan) -> Result<Summary, RunError> {
     );
     let plan = Arc::new(plan);
     let started = Instant::now();
-    let deadline = started + plan.timeout;
+    let paced_for = if plan.pace {
+        Duration::from_micros(u64::try_from(plan.interval_us).unwrap_or(0))
+            .saturating_mul(u32::try_from(plan.ticks).unwrap_or(u32::MAX))
+    } else {
+        Duration::ZERO
+    };
+    let deadline = started + paced_for + plan.timeout;
     let permits = Arc::new(Semaphore::new(plan.concurrency as usize));
     let generated: Arc<Vec<Generated>> =
         Arc::new((0..plan.agents).map(|_| Generated::default()).collect());
@@ -511,6 +531,7 @@ pub async fn run(plan: Plan) -> Result<Summary, RunError> {
                 i,
                 Arc::clone(&permits),
                 Arc::clone(&generated),
+                started,
                 deadline,
             ))
         })
@@ -571,8 +592,11 @@ async fn agent(
     i: u32,
     permits: Arc<Semaphore>,
     generated: Arc<Vec<Generated>>,
+    started: Instant,
     deadline: Instant,
 ) -> AgentOutcome {
+    let interval = Duration::from_micros(u64::try_from(plan.interval_us).unwrap_or(0));
+    let mut sent: u32 = 0;
     let identity = plan.identity(i);
     let mut outcome = AgentOutcome {
         node: identity.node.clone(),
@@ -607,6 +631,10 @@ async fn agent(
             drain,
         ));
         for _ in 0..window {
+            if plan.pace {
+                tokio::time::sleep_until(started + interval.saturating_mul(sent)).await;
+            }
+            sent = sent.saturating_add(1);
             if tx.send(node.next_batch()).await.is_err() {
                 break;
             }
@@ -662,6 +690,25 @@ mod tests {
         assert_eq!(plan.node_name(99), "loadgen-100");
         // 8 GPUs: 11 metrics plus the XID and job counts; node: 11; IB: 9 of 21.
         assert_eq!(plan.values_per_row, [13, 11, 9]);
+    }
+
+    #[test]
+    fn a_paced_run_starts_now_and_may_reach_into_the_future() {
+        // Two days of ticks from now: unpaced, the last ones would be sent
+        // more than the day ahead the collector accepts, and the plan is
+        // refused; paced, each is sent at its time.
+        let args = ["--agents", "10", "--ticks", "172800", "--start-ts", "now"];
+        assert!(matches!(
+            Plan::new(&cli(&args), NOW_US),
+            Err(PlanError::TimeRange { .. })
+        ));
+        let paced = Plan::new(
+            &cli(&["--agents", "10", "--ticks", "172800", "--pace"]),
+            NOW_US,
+        )
+        .expect("two paced days from now");
+        assert!(paced.pace);
+        assert_eq!(paced.start_us, NOW_US);
     }
 
     #[test]

@@ -22,6 +22,9 @@ pub const DEFAULT_PORT: u16 = 7117;
 
 /// How often a directory store is compacted when not configured.
 pub const DEFAULT_COMPACT_INTERVAL: Duration = Duration::from_secs(10 * 60);
+/// How long rows wait in memory at most: a sample is queryable within this
+/// (and about a second) of its tick, at p99 and at worst.
+pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Where Parquet files go when no store is configured.
 pub const DEFAULT_STORE: &str = "./gputel-data";
@@ -435,7 +438,8 @@ pub struct Settings {
     /// at most 256 MiB].
     #[arg(long, value_name = "BYTES")]
     pub wal_min_free_bytes: Option<u64>,
-    /// Longest time rows wait in memory before they are written [default: 60s].
+    /// Longest time rows wait in memory before they are written: a row is
+    /// queryable at most this long after it arrives [default: 10s].
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     #[serde(default, with = "humantime_serde")]
     pub flush_interval: Option<Duration>,
@@ -711,7 +715,7 @@ impl Config {
             store,
             wal_dir,
             wal_min_free_bytes: s.wal_min_free_bytes,
-            flush_interval: s.flush_interval.unwrap_or(Duration::from_secs(60)),
+            flush_interval: s.flush_interval.unwrap_or(DEFAULT_FLUSH_INTERVAL),
 
             max_agent_rows_per_s: s.max_agent_rows_per_s.unwrap_or(100_000),
             max_message_bytes: s

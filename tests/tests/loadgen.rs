@@ -84,8 +84,50 @@ fn every_batch_is_acknowledged_and_stored_once() {
         "{windowed}"
     );
 
+    // Paced: each tick sent at its time, so four ticks 300 ms apart take at
+    // least 900 ms, and their timestamps start from now.
+    let before_us = chrono::Utc::now().timestamp_micros();
+    let paced = loadgen(
+        &addr,
+        &[
+            "--agents",
+            "2",
+            "--gpus",
+            "1",
+            "--ticks",
+            "4",
+            "--interval-ms",
+            "300",
+            "--pace",
+            "--node-prefix",
+            "paced-",
+        ],
+    );
+    assert!(
+        paced.starts_with("agents=2 gpus=1 ticks=4 batches=8 acknowledged=8 rejected=0 dropped=0"),
+        "{paced}"
+    );
+    let elapsed: f64 = summary_field(&paced, "elapsed_s").parse().unwrap();
+    assert!(
+        elapsed >= 0.9,
+        "four ticks 300 ms apart sent in {elapsed} s"
+    );
+
     let stopped = collector.terminate(Duration::from_secs(30));
     assert!(stopped.status.success(), "collector: {stopped:?}");
+    let first_paced_us = duckdb_value(
+        tmp.path(),
+        &format!(
+            "select min(epoch_us(ts)) from {} where starts_with(node, 'paced-')",
+            table_scan(&store, "node")
+        ),
+    );
+    let first_paced_us = first_paced_us.as_i64().expect("paced rows");
+    // `now` rounded down to the 300 ms interval.
+    assert!(
+        (before_us - 300_000..=before_us + 5_000_000).contains(&first_paced_us),
+        "first paced tick at {first_paced_us}, the run started at {before_us}"
+    );
 
     let dir = tmp.path();
     assert_eq!(

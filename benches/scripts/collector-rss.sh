@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The collector at its default settings under a fleet's steady load: AGENTS
+# simulated nodes (8 GPUs and 4 InfiniBand ports each) sending one tick a
+# second, each tick at its time (`gputel-loadgen --pace`), for SECONDS. It
+# reports the collector's resident memory sampled every second
+# (/proc/PID/status VmRSS) and its peak (/usr/bin/time -v), its CPU per
+# million values over the whole run (final flush included), and the files
+# it wrote per table, with the load average.
+#
+#   benches/scripts/collector-rss.sh [AGENTS] [SECONDS]   # default 1000 180
+cd "$(dirname "$0")/../.."
+source benches/scripts/common.sh
+
+agents=${1:-1000}
+seconds=${2:-180}
+build_release
+dir=$(mktemp -d)
+trap 'set +e; pkill -P "${COLLECTOR_PID:-0}"; rm -rf "$dir"; true' EXIT
+
+machine
+start_collector "$dir"
+# The collector itself: /usr/bin/time's child.
+pid=$(pgrep -P "$COLLECTOR_PID" | head -1)
+[[ -n $pid ]] || die "cannot find the collector's pid"
+(
+  while kill -0 "$pid" 2>/dev/null; do
+    awk '/^VmRSS/ { print $2 }' "/proc/$pid/status" 2>/dev/null
+    sleep 1
+  done
+) >"$dir/rss.txt" &
+sampler=$!
+say "$agents agents, one tick a second each, for $seconds s, to a collector at its defaults"
+/usr/bin/time -v -o "$dir/loadgen.time" "$LOADGEN" \
+  --collector "http://127.0.0.1:$COLLECTOR_PORT" --agents "$agents" --gpus 8 \
+  --ticks "$seconds" --pace >"$dir/loadgen.out" 2>"$dir/loadgen.log" \
+  || die "gputel-loadgen failed: $(tail -5 "$dir/loadgen.log")"
+load=$(cut -d' ' -f1-3 /proc/loadavg)
+stop_collector
+wait "$sampler" 2>/dev/null || true
+
+line=$(cat "$dir/loadgen.out")
+values=$(sed -n 's/.* values=\([0-9]*\).*/\1/p' <<<"$line")
+cpu=$(tv_cpu "$dir/collector.time")
+echo "$line"
+printf 'load average at the end of the load: %s\n' "$load"
+printf 'collector: %s CPU s for %s values: %s CPU s per million values, %s M values per CPU s\n' \
+  "$cpu" "$values" "$(awk -v c="$cpu" -v v="$values" 'BEGIN { printf "%.3f", c / v * 1e6 }')" \
+  "$(awk -v c="$cpu" -v v="$values" 'BEGIN { printf "%.2f", v / c / 1e6 }')"
+printf 'collector peak RSS (time -v): %s MB\n' "$(tv_rss_mb "$dir/collector.time")"
+sort -n "$dir/rss.txt" | awk '{ r[NR] = $1 } END {
+  printf "collector RSS sampled every second (%d samples): median %.1f MB, p90 %.1f MB, max %.1f MB\n",
+    NR, r[int((NR + 1) / 2)] * 1024 / 1e6, r[int(NR * 0.9 + 0.5)] * 1024 / 1e6, r[NR] * 1024 / 1e6 }'
+printf 'load generator: %s CPU s\n' "$(tv_cpu "$dir/loadgen.time")"
+echo "files per table (the run's hours, before compaction):"
+find "$dir/store" -name '*.parquet' | sed -E 's|.*/store/([a-z_]+)/.*|\1|' | sort | uniq -c \
+  | awk '{ printf "  %-12s %s files\n", $2, $1 }'
