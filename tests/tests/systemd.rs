@@ -257,7 +257,17 @@ fn the_example_collector_config_is_valid_and_bad_keys_are_named() {
     // start it here, and stop it at once: the file itself must parse.
     let text = std::fs::read_to_string(workspace_root().join("systemd/collector.toml")).unwrap();
     let config = dir.path().join("collector.toml");
-    std::fs::write(&config, &text).unwrap();
+    // The example states the default flush interval; another value in its
+    // place shows that the file's settings are the ones taken.
+    assert!(text.contains("\nflush-interval = \"10s\"\n"), "{text}");
+    std::fs::write(
+        &config,
+        text.replace(
+            "\nflush-interval = \"10s\"\n",
+            "\nflush-interval = \"7s\"\n",
+        ),
+    )
+    .unwrap();
     let mut cmd = Command::new(collector_bin());
     cmd.arg("--config")
         .arg(&config)
@@ -277,7 +287,7 @@ fn the_example_collector_config_is_valid_and_bad_keys_are_named() {
         "{:#?}",
         collector.log
     );
-    assert!(line.contains("flush_interval=60s"), "{line}");
+    assert!(line.contains("flush_interval=7s"), "{line}");
     let stopped = collector.terminate(std::time::Duration::from_secs(30));
     assert!(stopped.status.success());
 
