@@ -388,27 +388,13 @@ fn the_report_states_what_the_shipped_sql_computes() {
     assert_eq!(memory["jobs"], 1);
 
     // The trace's GPU-time shares: gpu_time_share.sql's 'trace' scope.
-    let shares = query(&store, "", "gpu_time_share.sql");
-    let trace: Vec<&Value> = shares.iter().filter(|r| r["scope"] == "trace").collect();
     let reported = fleet["trace_shares"].as_array().expect("trace_shares");
-    assert_eq!(trace.len(), reported.len());
+    check_trace_shares(&query(&store, "", "gpu_time_share.sql"), reported);
     assert_eq!(
         reported.len(),
         4,
         "Pretrain, Eval; FAILED (with TIMEOUT), COMPLETED"
     );
-    for (row, r) in trace.iter().zip(reported) {
-        for column in ["dimension", "value", "jobs"] {
-            assert_eq!(row[column], r[column], "{column}");
-        }
-        close(
-            "gpu_time_s",
-            num(&r["gpu_time_s"]),
-            num(&row["gpu_time_s"]),
-            0.0,
-        );
-        close("share", num(&r["share"]), num(&row["share"]), 0.00005);
-    }
 
     // The page: every figure with its SQL.
     for id in [
@@ -436,6 +422,26 @@ fn the_report_states_what_the_shipped_sql_computes() {
         );
     }
     check_self_contained(&page);
+}
+
+/// gpu_time_share.sql's 'trace' rows against the report's `trace_shares`:
+/// the same groups in the same order, GPU time exactly, shares to the
+/// SQL's four decimals.
+fn check_trace_shares(sql: &[Value], reported: &[Value]) {
+    let trace: Vec<&Value> = sql.iter().filter(|r| r["scope"] == "trace").collect();
+    assert_eq!(trace.len(), reported.len());
+    for (row, r) in trace.iter().zip(reported) {
+        for column in ["dimension", "value", "jobs"] {
+            assert_eq!(row[column], r[column], "{column}");
+        }
+        close(
+            "gpu_time_s",
+            num(&r["gpu_time_s"]),
+            num(&row["gpu_time_s"]),
+            0.0,
+        );
+        close("share", num(&r["share"]), num(&row["share"]), 0.00005);
+    }
 }
 
 /// Well-formed (parsed as XML), with nothing fetched from anywhere.
@@ -554,22 +560,7 @@ fn a_trace_file_types_the_jobs_as_its_import_would() {
     for key in ["jobs", "job_types", "trace_shares"] {
         assert_eq!(from_file[key], from_store[key], "{key}");
     }
-    let sql: Vec<Value> = query(&imported, "", "gpu_time_share.sql")
-        .into_iter()
-        .filter(|r| r["scope"] == "trace")
-        .collect();
-    assert_eq!(sql.len(), shares.len());
-    for (row, r) in sql.iter().zip(shares) {
-        for column in ["dimension", "value", "jobs"] {
-            assert_eq!(row[column], r[column], "{column}");
-        }
-        close(
-            "gpu_time_s",
-            num(&r["gpu_time_s"]),
-            num(&row["gpu_time_s"]),
-            0.0,
-        );
-    }
+    check_trace_shares(&query(&imported, "", "gpu_time_share.sql"), shares);
 
     // A file that cannot be read is an error, and no page is written.
     let bad = tmp.path().join("bad.csv");

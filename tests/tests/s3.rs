@@ -280,7 +280,9 @@ fn two_collectors_share_a_bucket_and_import_jobs_writes_there() {
         ),
     );
     let job = job.as_str().expect("a job in the job table");
-    let report = |store: &str, s3_settings: bool| -> serde_json::Value {
+    // Runs the collector's `args` on `store` (with the S3 settings when it
+    // is the bucket) and returns its stdout, after it exited 0.
+    let collector_stdout = |args: &[&str], store: &str, s3_settings: bool| -> Vec<u8> {
         let mut cmd = Command::new(collector_bin());
         if s3_settings {
             s3_env(&mut cmd)
@@ -288,16 +290,21 @@ fn two_collectors_share_a_bucket_and_import_jobs_writes_there() {
                 .env("AWS_ALLOW_HTTP", "true");
         }
         let out = cmd
-            .args(["job", job, "--json", "--store", store])
+            .args(args)
+            .args(["--store", store])
             .output()
-            .expect("run gputel-collector job");
+            .expect("run gputel-collector");
         assert_eq!(
             out.status.code(),
             Some(0),
-            "{}",
+            "{args:?}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let mut report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        out.stdout
+    };
+    let report = |store: &str, s3_settings: bool| -> serde_json::Value {
+        let stdout = collector_stdout(&["job", job, "--json"], store, s3_settings);
+        let mut report: serde_json::Value = serde_json::from_slice(&stdout).expect("JSON");
         report["read"] = serde_json::Value::Null;
         report
     };
@@ -309,29 +316,11 @@ fn two_collectors_share_a_bucket_and_import_jobs_writes_there() {
 
     // So is the fleet report: the hours' files of two collectors, merged
     // node by node, from the bucket as from the copy.
+    let page = tmp.path().join("fleet.html");
+    let page = page.to_str().expect("a UTF-8 path");
     let fleet = |store: &str, s3_settings: bool| -> serde_json::Value {
-        let mut cmd = Command::new(collector_bin());
-        if s3_settings {
-            s3_env(&mut cmd)
-                .env("AWS_ENDPOINT_URL", s3.endpoint())
-                .env("AWS_ALLOW_HTTP", "true");
-        }
-        let out = cmd
-            .args(["report", "--json", "--store", store, "--out"])
-            .arg(tmp.path().join("fleet.html"))
-            .output()
-            .expect("run gputel-collector report");
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let json = out
-            .stdout
-            .split(|b| *b == b'\n')
-            .next()
-            .expect("a JSON line");
+        let stdout = collector_stdout(&["report", "--json", "--out", page], store, s3_settings);
+        let json = stdout.split(|b| *b == b'\n').next().expect("a JSON line");
         let mut fleet: serde_json::Value = serde_json::from_slice(json).expect("JSON");
         fleet["store"] = serde_json::Value::Null;
         fleet["read"] = serde_json::Value::Null;
