@@ -90,20 +90,23 @@ stop_collector() {
 }
 
 # One hour (2024-06-12T12) of NODES simulated nodes sampled every second,
-# written by the real collector flushing every FLUSH seconds of wall time,
-# as flushed (not compacted: a fresh hour's many files) in
-# target/bench-query/NODESx1s-hour/flushed and compacted in .../compacted.
-# Sets $flushed and $compacted.
+# written by the real collector in FILES flushes (by rows, as many as 10 s
+# flushes make of an hour: 360), as flushed (not compacted: a fresh hour's
+# many files) in target/bench-query/NODESx1s-hour/flushed and compacted in
+# .../compacted. Sets $flushed and $compacted.
 hour_store() {
-  local nodes=$1 flush=$2
+  local nodes=$1 files=$2
   local base
-  base="$(pwd)/target/bench-query/${nodes}x1s-hour"
+  base="$(pwd)/target/bench-query/${nodes}x1s-hour-${files}"
   flushed="$base/flushed"
   compacted="$base/compacted"
   if [[ ! -e $base/done ]]; then
     rm -rf "$base"
     trap 'set +e; pkill -P "${COLLECTOR_PID:-0}"; true' EXIT
-    start_collector "$base" --flush-interval "${flush}s"
+    # 13 rows a node and tick (8 GPUs, the node, 4 ports); no compaction
+    # while it writes, and no flush by time.
+    start_collector "$base" --flush-rows $((nodes * 3600 * 13 / files)) \
+      --flush-interval 1h --compact-interval 0
     say "writing an hour (3600 ticks of 1 s) of $nodes nodes through the collector"
     "$LOADGEN" --collector "http://127.0.0.1:$COLLECTOR_PORT" --agents "$nodes" --gpus 8 \
       --ticks 3600 --interval-ms 1000 --start-ts 2024-06-12T12:00:00Z \

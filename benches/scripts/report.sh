@@ -4,7 +4,7 @@
 # sample per 60 s), native and resampled to 15 s windows, and one job's
 # report (`gputel-collector job`); then one hour of HOUR_NODES nodes sampled
 # every second (see hour_store: 5.76 M gpu rows at the default 200), as
-# flushed every 5 s (hundreds of files) and compacted (one): wall time,
+# flushed in 360 files (an hour of 10 s flushes) and compacted (one): wall time,
 # whole-process CPU and peak RSS from /usr/bin/time -v, best of three, with
 # the load average beside them.
 #
@@ -20,7 +20,7 @@ nodes=${2:-1000}
 hour_nodes=${3:-200}
 build_release
 day_store "$interval" "$nodes"
-hour_store "$hour_nodes" 5
+hour_store "$hour_nodes" 360
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 

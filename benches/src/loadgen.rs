@@ -156,6 +156,11 @@ pub enum PlanError {
         "one tick of {gpus} GPUs would be refused by the collector ({reason}); use fewer --gpus"
     )]
     BatchTooLarge { gpus: u32, reason: String },
+    #[error(
+        "--pace sends every agent's ticks at their time, so every agent streams at once: \
+         leave out --concurrency (or give it --agents)"
+    )]
+    PacedTurns,
 }
 
 /// Why a run could not stream at all.
@@ -212,6 +217,9 @@ impl Plan {
             .saturating_mul(interval_us);
         // Like the agent's ticks, at wall-clock multiples of the interval.
         let aligned_now_us = now_us - now_us.rem_euclid(interval_us);
+        if cli.pace && cli.concurrency.is_some_and(|c| c < cli.agents) {
+            return Err(PlanError::PacedTurns);
+        }
         let start_us = match cli.start_ts.as_deref() {
             None if cli.pace => aligned_now_us,
             None => aligned_now_us.saturating_sub(span_us),
@@ -709,6 +717,20 @@ mod tests {
         .expect("two paced days from now");
         assert!(paced.pace);
         assert_eq!(paced.start_us, NOW_US);
+        // Agents taking turns could not send their ticks at their time.
+        let turns = [
+            "--agents",
+            "10",
+            "--ticks",
+            "60",
+            "--pace",
+            "--concurrency",
+            "5",
+        ];
+        assert!(matches!(
+            Plan::new(&cli(&turns), NOW_US),
+            Err(PlanError::PacedTurns)
+        ));
     }
 
     #[test]

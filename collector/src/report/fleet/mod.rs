@@ -385,6 +385,11 @@ pub async fn fleet(
     });
     let jobs = gpus.jobs(&trace);
     let job_types = job_types(&gpus.jobs, &gpus.job_names, &trace);
+    // A GPU's rows are visited device by device: a MIG GPU's instances one
+    // after the other, so its line is put in time order before it is searched.
+    for line in gpus.timeline.values_mut() {
+        line.sort_by_key(|&(ts_us, _)| ts_us);
+    }
     let xids = xid_categories(&events, &gpus.timeline, &names, &gpus.job_names);
     let trace_shares = trace::shares(&trace);
     (stats.bytes_read, stats.requests) = counting.read();

@@ -8,11 +8,14 @@
 //!
 //! The median is over the device's whole series, so a table is read twice:
 //! once for the devices' times only (the gaps), then with the columns the
-//! figures need. Memory does not grow with the fleet or the hour: every file
-//! gputel writes is sorted by node, so an hour's files are merged node by
-//! node, a batch of each at a time, and only a few nodes' rows ([`CHUNK_ROWS`])
-//! are sorted by device and time at once. A file that does not say it is
-//! sorted (another writer's) is read whole and sorted by node first.
+//! figures need. Every file gputel writes is sorted by node, so an hour's
+//! files are merged node by node, a batch of each at a time, and only a few
+//! nodes' rows ([`CHUNK_ROWS`]) are sorted by device and time at once: the
+//! rows of a compacted hour (one file) are never all in memory. Each open
+//! file holds its current row group as fetched, so an hour of many flush
+//! files costs about its compressed bytes of the columns read, until
+//! compaction makes it one file. A file that does not say it is sorted
+//! (another writer's) is read whole and sorted by node first.
 
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
@@ -445,7 +448,9 @@ impl HourReader {
         let parts = scan.spec.parts.len();
         let mut chunk = Chunk::default();
         let mut done = false;
-        while chunk.order.len() < CHUNK_ROWS {
+        // Rows taken, in the window or not: what the chunk's batches hold.
+        let mut taken = 0;
+        while taken < CHUNK_ROWS {
             // The node of every file's next row that sorts first.
             let mut next: Option<u32> = None;
             for source in &mut self.sources {
@@ -462,6 +467,7 @@ impl HourReader {
             for source in &mut self.sources {
                 while source.peek(&self.columns, names).await? == Some(node) {
                     let (batch, rows) = source.take(node, names)?;
+                    taken += rows.len();
                     if !chunk.batches.last().is_some_and(|b| Arc::ptr_eq(b, &batch)) {
                         chunk.batches.push(batch);
                     }
@@ -524,7 +530,7 @@ impl Scan<'_> {
         const AT_ONCE: usize = 8;
         let mut columns = self.key_columns();
         columns.extend(extra);
-        let batch_size = (HOUR_BATCH_ROWS / files.len().max(1)).clamp(1024, 8192);
+        let batch_size = (HOUR_BATCH_ROWS / files.len().max(1)).clamp(256, 8192);
         let opened: Vec<RowStream> = futures::stream::iter(files.iter().cloned())
             .map(|file| {
                 let store = Arc::clone(self.store);
