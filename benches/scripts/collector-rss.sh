@@ -7,18 +7,22 @@
 # million values over the whole run (final flush included), and the files
 # it wrote per table, with the load average.
 #
-#   benches/scripts/collector-rss.sh [AGENTS] [SECONDS]   # default 1000 180
+#   benches/scripts/collector-rss.sh [AGENTS] [SECONDS] [COLLECTOR FLAGS...]   # default 1000 180
+#
+# Flags after SECONDS go to the collector, e.g. --flush-interval 2s, to see
+# which part of its memory follows the buffered rows.
 cd "$(dirname "$0")/../.."
 source benches/scripts/common.sh
 
 agents=${1:-1000}
 seconds=${2:-180}
+shift 2 || shift $#
 build_release
 dir=$(mktemp -d)
 trap 'set +e; pkill -P "${COLLECTOR_PID:-0}"; rm -rf "$dir"; true' EXIT
 
 machine
-start_collector "$dir"
+start_collector "$dir" "$@"
 # The collector itself: /usr/bin/time's child.
 pid=$(pgrep -P "$COLLECTOR_PID" | head -1)
 [[ -n $pid ]] || die "cannot find the collector's pid"
@@ -29,7 +33,7 @@ pid=$(pgrep -P "$COLLECTOR_PID" | head -1)
   done
 ) >"$dir/rss.txt" &
 sampler=$!
-say "$agents agents, one tick a second each, for $seconds s, to a collector at its defaults"
+say "$agents agents, one tick a second each, for $seconds s, to a collector at its defaults${*:+ but $*}"
 /usr/bin/time -v -o "$dir/loadgen.time" "$LOADGEN" \
   --collector "http://127.0.0.1:$COLLECTOR_PORT" --agents "$agents" --gpus 8 \
   --ticks "$seconds" --pace >"$dir/loadgen.out" 2>"$dir/loadgen.log" \
