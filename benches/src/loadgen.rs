@@ -196,6 +196,16 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// When an agent's tick `k` is sent, after the run's start: k × interval
+    /// with --pace, at once without.
+    fn send_after(&self, k: u64) -> Duration {
+        if !self.pace {
+            return Duration::ZERO;
+        }
+        Duration::from_micros(u64::try_from(self.interval_us).unwrap_or(0))
+            .saturating_mul(u32::try_from(k).unwrap_or(u32::MAX))
+    }
+
     /// Resolves `cli` with `now_us` as the current time.
     pub fn new(cli: &Cli, now_us: i64) -> Result<Plan, PlanError> {
         // A bare host:port means plain HTTP/2, as the collector serves it.
@@ -522,13 +532,7 @@ pub async fn run(plan: Plan) -> Result<Summary, RunError> {
     );
     let plan = Arc::new(plan);
     let started = Instant::now();
-    let paced_for = if plan.pace {
-        Duration::from_micros(u64::try_from(plan.interval_us).unwrap_or(0))
-            .saturating_mul(u32::try_from(plan.ticks).unwrap_or(u32::MAX))
-    } else {
-        Duration::ZERO
-    };
-    let deadline = started + paced_for + plan.timeout;
+    let deadline = started + plan.send_after(plan.ticks) + plan.timeout;
     let permits = Arc::new(Semaphore::new(plan.concurrency as usize));
     let generated: Arc<Vec<Generated>> =
         Arc::new((0..plan.agents).map(|_| Generated::default()).collect());
@@ -603,8 +607,7 @@ async fn agent(
     started: Instant,
     deadline: Instant,
 ) -> AgentOutcome {
-    let interval = Duration::from_micros(u64::try_from(plan.interval_us).unwrap_or(0));
-    let mut sent: u32 = 0;
+    let mut sent: u64 = 0;
     let identity = plan.identity(i);
     let mut outcome = AgentOutcome {
         node: identity.node.clone(),
@@ -640,9 +643,9 @@ async fn agent(
         ));
         for _ in 0..window {
             if plan.pace {
-                tokio::time::sleep_until(started + interval.saturating_mul(sent)).await;
+                tokio::time::sleep_until(started + plan.send_after(sent)).await;
             }
-            sent = sent.saturating_add(1);
+            sent += 1;
             if tx.send(node.next_batch()).await.is_err() {
                 break;
             }

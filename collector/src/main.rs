@@ -55,15 +55,25 @@ async fn run() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Reads a job trace, each line it skips on stderr as `FILE:LINE: reason`.
+fn read_trace(
+    path: &std::path::Path,
+    format: import::Format,
+    utc_offset: chrono::FixedOffset,
+) -> anyhow::Result<import::Trace> {
+    let trace = import::read_trace(path, format, utc_offset)?;
+    for skipped in &trace.skipped {
+        eprintln!("{}:{}: {}", path.display(), skipped.line, skipped.reason);
+    }
+    Ok(trace)
+}
+
 /// `gputel-collector import-jobs`: each skipped line on stderr as
 /// `FILE:LINE: reason`, one summary line on stdout.
 async fn import_jobs(args: ImportJobs) -> anyhow::Result<()> {
     let store_spec = args.store()?;
-    let trace = import::read_trace(&args.file, args.format, args.utc_offset)?;
+    let trace = read_trace(&args.file, args.format, args.utc_offset)?;
     let file = args.file.display();
-    for skipped in &trace.skipped {
-        eprintln!("{file}:{}: {}", skipped.line, skipped.reason);
-    }
     if trace.jobs.is_empty() && !trace.skipped.is_empty() {
         anyhow::bail!(
             "no job imported from {file}: all {} of its lines were skipped",
@@ -232,10 +242,7 @@ async fn fleet_report_outcome(args: &FleetReport) -> anyhow::Result<Result<Strin
     };
     let trace = match &args.jobs {
         Some(path) => {
-            let trace = import::read_trace(path, args.jobs_format, args.jobs_utc_offset)?;
-            for skipped in &trace.skipped {
-                eprintln!("{}:{}: {}", path.display(), skipped.line, skipped.reason);
-            }
+            let trace = read_trace(path, args.jobs_format, args.jobs_utc_offset)?;
             if trace.jobs.is_empty() {
                 anyhow::bail!("{}: no job could be read from the trace", path.display());
             }

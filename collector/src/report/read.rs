@@ -68,6 +68,16 @@ pub struct ReadStats {
     pub requests: u64,
 }
 
+impl ReadStats {
+    /// One file of `bytes` looked at: `row_groups` of it, `read` of them read.
+    pub fn add_file(&mut self, bytes: u64, row_groups: u64, read: u64) {
+        self.files += 1;
+        self.file_bytes += bytes;
+        self.row_groups += row_groups;
+        self.row_groups_read += read;
+    }
+}
+
 /// Counts what is fetched through it.
 #[derive(Debug, Default)]
 struct Counters {
@@ -368,52 +378,41 @@ pub async fn all_rows(
     file: &ObjectMeta,
     columns: &[&str],
 ) -> Result<FileRows, ReportError> {
-    let (builder, decode) = open(store, file).await?;
-    let row_groups = builder.metadata().num_row_groups() as u64;
-    let projection = ProjectionMask::columns(builder.parquet_schema(), columns.iter().copied());
-    let batches: Vec<RecordBatch> = builder
-        .with_projection(projection)
-        .with_batch_size(8192)
-        .build()
-        .map_err(&decode)?
-        .try_collect()
-        .await
-        .map_err(&decode)?;
+    let stream = stream_rows(store, file, columns, 8192).await?;
     Ok(FileRows {
-        batches,
-        row_groups,
-        row_groups_read: row_groups,
+        batches: stream.batches.try_collect().await?,
+        row_groups: stream.row_groups,
+        row_groups_read: stream.row_groups,
     })
 }
 
 /// A file's rows with the columns asked for, a batch at a time.
 pub struct RowStream {
     pub path: String,
-    /// Whether every row group of the file declares its rows sorted by the
-    /// column asked about, ascending (gputel sorts every file it writes by
-    /// its table's sort key and says so); a reader checks that it holds.
-    pub sorted: bool,
+    /// Whether every row group of the file declares its rows sorted by
+    /// `node` first, ascending (gputel sorts every file it writes by its
+    /// table's sort key and says so); a reader checks that it holds.
+    pub sorted_by_node: bool,
     pub row_groups: u64,
     pub batches: BoxStream<'static, Result<RecordBatch, ReportError>>,
 }
 
 /// Opens one Parquet file for reading `columns` (those the file has) in
-/// batches of `batch_size` rows, telling whether it is sorted by `first`.
+/// batches of `batch_size` rows, telling whether it is sorted by node.
 pub async fn stream_rows(
     store: Arc<dyn ObjectStore>,
     file: &ObjectMeta,
     columns: &[&str],
-    first: &str,
     batch_size: usize,
 ) -> Result<RowStream, ReportError> {
     let (builder, decode) = open(store, file).await?;
     let schema = builder.parquet_schema();
-    let first_leaf = schema
+    let node_leaf = schema
         .columns()
         .iter()
-        .position(|c| c.path().string() == first);
+        .position(|c| c.path().string() == "node");
     let metadata = builder.metadata();
-    let sorted = first_leaf.is_some_and(|leaf| {
+    let sorted_by_node = node_leaf.is_some_and(|leaf| {
         metadata.row_groups().iter().all(|group| {
             group
                 .sorting_columns()
@@ -432,7 +431,7 @@ pub async fn stream_rows(
         .boxed();
     Ok(RowStream {
         path: file.location.to_string(),
-        sorted,
+        sorted_by_node,
         row_groups,
         batches,
     })
@@ -459,10 +458,7 @@ pub async fn all_rows_of(
         .await?;
     let mut out = Vec::new();
     for (size, rows) in read {
-        stats.files += 1;
-        stats.file_bytes += size;
-        stats.row_groups += rows.row_groups;
-        stats.row_groups_read += rows.row_groups_read;
+        stats.add_file(size, rows.row_groups, rows.row_groups_read);
         out.extend(rows.batches);
     }
     Ok(out)
@@ -492,10 +488,7 @@ pub async fn job_rows_of(
         .await?;
     let mut out = Vec::with_capacity(read.len());
     for (file, rows) in read {
-        stats.files += 1;
-        stats.file_bytes += file.size;
-        stats.row_groups += rows.row_groups;
-        stats.row_groups_read += rows.row_groups_read;
+        stats.add_file(file.size, rows.row_groups, rows.row_groups_read);
         out.push((file, rows.batches));
     }
     Ok(out)

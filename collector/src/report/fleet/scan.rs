@@ -535,18 +535,15 @@ impl Scan<'_> {
             .map(|file| {
                 let store = Arc::clone(self.store);
                 let columns = columns.clone();
-                async move { stream_rows(store, &file, &columns, "node", batch_size).await }
+                async move { stream_rows(store, &file, &columns, batch_size).await }
             })
             .buffered(AT_ONCE)
             .try_collect()
             .await?;
         let mut sources = Vec::with_capacity(opened.len());
         for (file, stream) in files.iter().zip(opened) {
-            stats.files += 1;
-            stats.file_bytes += file.size;
-            stats.row_groups += stream.row_groups;
-            stats.row_groups_read += stream.row_groups;
-            let batches = if stream.sorted {
+            stats.add_file(file.size, stream.row_groups, stream.row_groups);
+            let batches = if stream.sorted_by_node {
                 stream.batches
             } else {
                 sorted_by_node(&stream.path, stream.batches).await?
