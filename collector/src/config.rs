@@ -25,6 +25,14 @@ pub const DEFAULT_COMPACT_INTERVAL: Duration = Duration::from_secs(10 * 60);
 /// How long rows wait in memory at most: a sample is queryable within this
 /// (and about a second) of its tick, at p99 and at worst.
 pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_secs(10);
+/// The most buffered rows that start a write when `--flush-rows` is not
+/// given (fewer when the memory budget is small). A flush holds its rows in
+/// memory while they are sorted and encoded, about 0.35 KB each as Arrow
+/// columns (GPU rows are the widest); at 65 536 that is about 23 MB. Up to
+/// about 650 agents with 8 GPUs at 1 Hz the interval starts every write; a
+/// larger fleet writes every 65 536 rows, so memory stops growing with it
+/// (benches/README.md, "Collector memory").
+pub const MAX_DEFAULT_FLUSH_ROWS: usize = 65_536;
 
 /// Where Parquet files go when no store is configured.
 pub const DEFAULT_STORE: &str = "./gputel-data";
@@ -444,7 +452,7 @@ pub struct Settings {
     #[serde(default, with = "humantime_serde")]
     pub flush_interval: Option<Duration>,
     /// Buffered rows (all tables) that trigger a write before the interval ends
-    /// [default: half of --max-unwritten-rows, at most 1000000].
+    /// [default: half of --max-unwritten-rows, at most 65536].
     #[arg(long, value_name = "ROWS")]
     pub flush_rows: Option<usize>,
     /// Memory the collector plans for, e.g. 4GiB: a quarter for messages
@@ -703,9 +711,9 @@ impl Config {
         };
         let config = Config {
             // A flush starts well before batches would be refused.
-            flush_rows: s
-                .flush_rows
-                .unwrap_or_else(|| (memory.max_unwritten_rows / 2).clamp(1, 1_000_000)),
+            flush_rows: s.flush_rows.unwrap_or_else(|| {
+                (memory.max_unwritten_rows / 2).clamp(1, MAX_DEFAULT_FLUSH_ROWS)
+            }),
             memory,
             alerts: s.alerts.resolve(&wal_dir)?,
             s3,
@@ -794,9 +802,10 @@ mod tests {
         assert_eq!(config.listen, "127.0.0.1:7000".parse().unwrap());
         assert_eq!(config.store, "/srv/gputel");
         assert_eq!(config.flush_interval, Duration::from_secs(30));
-        // Half of the unwritten rows a 1 GiB budget allows.
+        // A 1 GiB budget allows 894 784 unwritten rows; a flush starts at
+        // the default's cap, well below half of them.
         assert_eq!(config.memory.max_unwritten_rows, 894_784);
-        assert_eq!(config.flush_rows, 447_392);
+        assert_eq!(config.flush_rows, MAX_DEFAULT_FLUSH_ROWS);
     }
 
     #[test]
@@ -809,7 +818,7 @@ mod tests {
         assert_eq!(config.memory.budget_bytes, 8 << 30);
         assert_eq!(config.memory.max_unwritten_rows, 7_158_278);
         assert_eq!(config.memory.per_message_bytes, 512 << 20);
-        assert_eq!(config.flush_rows, 1_000_000);
+        assert_eq!(config.flush_rows, 65_536);
         // A flag overrides the file; explicit row bounds override the budget.
         let config = Config::load(Cli::parse_from([
             "gputel-collector",

@@ -8,6 +8,22 @@ use gputel_collector::config::{
 };
 use gputel_collector::{compact, import, report, store, wal};
 
+/// jemalloc rather than glibc's malloc: under a fleet's load the collector
+/// frees large, short-lived buffers (a flush's sorted columns and Parquet
+/// pages) between many small long-lived ones (connections, buffered rows),
+/// and glibc's arenas kept most of the freed memory resident (benches/README.md,
+/// "Collector memory").
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// jemalloc's settings (the environment's `_RJEM_MALLOC_CONF` overrides
+/// them): a background thread hands freed pages back to the kernel about a
+/// second after they were freed (jemalloc's default waits ten), so a
+/// flush's memory is returned before the next one.
+#[allow(non_upper_case_globals, reason = "jemalloc's symbol name")]
+#[unsafe(export_name = "_rjem_malloc_conf")]
+static malloc_conf: &[u8; 60] = b"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
+
 fn main() -> ExitCode {
     gputel_runtime::report::exit("gputel-collector", run().map_err(Into::into))
 }
