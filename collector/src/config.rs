@@ -30,8 +30,8 @@ pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_secs(10);
 /// memory while they are sorted and encoded, about 0.35 KB each as Arrow
 /// columns (GPU rows are the widest); at 65 536 that is about 23 MB. Up to
 /// about 650 agents with 8 GPUs at 1 Hz the interval starts every write; a
-/// larger fleet writes every 65 536 rows, so memory stops growing with it
-/// (benches/README.md, "Collector memory").
+/// larger fleet writes every 65 536 rows, so the rows a flush holds stop
+/// growing with it (benches/README.md, "Collector memory at a fleet's pace").
 pub const MAX_DEFAULT_FLUSH_ROWS: usize = 65_536;
 
 /// Where Parquet files go when no store is configured.
