@@ -4,8 +4,10 @@
 //!
 //! - `hourly`: the whole hour in one file per table, written with the
 //!   settings `gputel-collector compact` uses (equal row groups);
-//! - `per flush`: one file per table every 60 s (the default flush
-//!   interval), as the collector writes them before compaction.
+//! - `per flush`: one file per table every 10 s (the default flush
+//!   interval), as the collector writes them before compaction;
+//! - the hourly files again with [`Values::Noise`]: every value random
+//!   noise over its range, the worst case.
 //!
 //! A metric value is one non-null value of a numeric column of a stored row
 //! that is not a key column (time, node, GPU index, UUID, model, IB device,
@@ -25,7 +27,8 @@ use arrow_array::RecordBatch;
 use arrow_schema::{DataType, Schema};
 use bytes::Bytes;
 use gputel_benches::{
-    AgentBatch, bench_mode, buffer_and_take, metric_columns, metric_values, simulate,
+    AgentBatch, Values, bench_mode, buffer_and_take, metric_columns, metric_values, simulate,
+    simulate_values,
 };
 use gputel_collector::persist::{compacted_properties, encode_with, sort_rows, writer_properties};
 use gputel_schemas::Table;
@@ -34,8 +37,8 @@ use parquet::file::properties::{WriterProperties, WriterPropertiesBuilder};
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::schema::types::ColumnPath;
 
-/// The default flush interval, in ticks of 1 s.
-const FLUSH_TICKS: usize = 60;
+/// The default flush interval (`--flush-interval 10s`), in ticks of 1 s.
+const FLUSH_TICKS: usize = 10;
 
 /// What the files of one table add up to.
 #[derive(Debug, Default, Clone)]
@@ -453,4 +456,13 @@ fn main() {
             bytes as f64 / values.max(1) as f64
         );
     }
+
+    // The worst case: the same rows and keys, every value random noise.
+    let noise = simulate_values(nodes, seconds, Values::Noise);
+    let noisy = sizes(&[&noise], Settings::Compacted);
+    print_table(
+        "hourly, values of random noise (gputel-loadgen --values noise): one file per table, as compacted",
+        &noisy,
+    );
+    print_types("hourly, noise", &noisy);
 }

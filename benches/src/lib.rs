@@ -143,7 +143,12 @@ pub fn dataset_metric_values(batches: &[AgentBatch]) -> u64 {
 /// `seconds` ticks of `nodes` simulated nodes from [`START_US`], in the order
 /// a collector receives them: every node's batch of one tick, then the next tick.
 pub fn simulate(nodes: usize, seconds: u32) -> Vec<AgentBatch> {
-    let mut cluster = Cluster::new(nodes);
+    simulate_values(nodes, seconds, Values::Realistic)
+}
+
+/// [`simulate`] with the sensors reporting `values`.
+pub fn simulate_values(nodes: usize, seconds: u32, values: Values) -> Vec<AgentBatch> {
+    let mut cluster = Cluster::new(nodes).with_values(values);
     let mut out = Vec::with_capacity(nodes * seconds as usize);
     for _ in 0..seconds {
         out.extend(cluster.tick());
@@ -180,6 +185,22 @@ impl Rng {
     }
 }
 
+/// What the simulated sensors report.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Values {
+    /// A training cluster's telemetry, as [`SimNode`] describes it.
+    #[default]
+    Realistic,
+    /// The worst case for compression: at every tick every gauge is drawn
+    /// uniformly over its range (temperatures, power, clocks, utilization,
+    /// framebuffer, CPU shares, memory, load) and every counter grows by a
+    /// uniform random amount up to its hardware's maximum (energy up to
+    /// 700 W, InfiniBand bytes up to 400 Gb/s, packets of 256 B to 4 KiB).
+    /// Node names, GPUs, ports, jobs and timestamps are the realistic
+    /// mode's, so the keys cost the same.
+    Noise,
+}
+
 /// Simulated nodes of a training cluster, stepped one 1 s tick at a time:
 /// [`GPUS_PER_NODE`] GPUs and [`IB_PORTS_PER_NODE`] ports each. See
 /// [`SimNode`] for how one node behaves.
@@ -199,6 +220,16 @@ impl Cluster {
                 })
                 .collect(),
         }
+    }
+
+    /// The same nodes, reporting `values`.
+    pub fn with_values(mut self, values: Values) -> Self {
+        self.nodes = self
+            .nodes
+            .into_iter()
+            .map(|n| n.with_values(values))
+            .collect();
+        self
     }
 
     /// Every node's batch for the next tick.
@@ -252,6 +283,7 @@ pub struct SimNode {
     ports: Vec<PortSim>,
     mem_available_kib: f64,
     load: [f64; 3],
+    values: Values,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -361,10 +393,17 @@ impl SimNode {
             ports,
             mem_available_kib: rng.range(1.80e9, 1.95e9),
             load: [if busy { 24.0 } else { 1.0 }; 3],
+            values: Values::Realistic,
             rng,
         };
         node.start_phase();
         node
+    }
+
+    /// The same node, reporting `values` from its next tick on.
+    pub fn with_values(mut self, values: Values) -> Self {
+        self.values = values;
+        self
     }
 
     /// Draws the parameters of the job (or idle gap) that starts now.
@@ -431,20 +470,45 @@ impl SimNode {
         let theta = TAU * (self.elapsed_us as f64 / SECOND_US as f64) / self.iter_period_s;
 
         let job_id = &self.job_id;
+        let noise = self.values == Values::Noise;
         let gpu = self
             .gpus
             .iter_mut()
-            .map(|g| GpuSample {
-                job_id: job_id.clone(),
-                job_count: u32::from(job_id.is_some()),
-                ..g.tick(ts_us, dt, phase, theta, &mut self.rng)
+            .map(|g| {
+                let energy_mj = g.energy_mj;
+                let sample = g.tick(ts_us, dt, phase, theta, &mut self.rng);
+                let sample = if noise {
+                    g.energy_mj = energy_mj;
+                    g.noise(sample, dt, &mut self.rng)
+                } else {
+                    sample
+                };
+                GpuSample {
+                    job_id: job_id.clone(),
+                    job_count: u32::from(job_id.is_some()),
+                    ..sample
+                }
             })
             .collect();
         let node = self.node_sample(ts_us, dt, before_s, phase);
+        let node = if noise {
+            node_noise(node, dt, &mut self.rng)
+        } else {
+            node
+        };
         let ib = self
             .ports
             .iter_mut()
-            .map(|p| p.tick(ts_us, dt, phase, theta, &mut self.rng))
+            .map(|p| {
+                let before = p.counters();
+                let sample = p.tick(ts_us, dt, phase, theta, &mut self.rng);
+                if noise {
+                    p.set_counters(before);
+                    p.noise(sample, dt, &mut self.rng)
+                } else {
+                    sample
+                }
+            })
             .collect();
         Batch {
             seq: self.seq,
@@ -646,6 +710,106 @@ impl PortSim {
     }
 }
 
+/// [`Values::Noise`]: a node row's gauges drawn uniformly over their range.
+fn node_noise(sample: NodeSample, dt: f64, rng: &mut Rng) -> NodeSample {
+    let total = (f64::from(CPUS * 100) * dt).round();
+    let mut left = total;
+    let mut jiffies = || {
+        let part = (rng.unit() * left).round();
+        left -= part;
+        part
+    };
+    let (user, system, iowait) = (jiffies(), jiffies(), jiffies());
+    let idle = total - user - system - iowait;
+    let pct = |part: f64| (100.0 * part / total) as f32;
+    let total_bytes = MEM_TOTAL_KIB * 1024;
+    let available = rng.range(0.0, MEM_TOTAL_KIB as f64) as u64 * 1024;
+    let mut load = || Some((rng.range(0.0, f64::from(CPUS)) * 100.0).round() as f32 / 100.0);
+    NodeSample {
+        cpu_user_pct: Some(pct(user)),
+        cpu_system_pct: Some(pct(system)),
+        cpu_iowait_pct: Some(pct(iowait)),
+        cpu_idle_pct: Some(pct(idle)),
+        memory_used_bytes: Some(total_bytes - available),
+        memory_available_bytes: Some(available),
+        load1: load(),
+        load5: load(),
+        load15: load(),
+        ..sample
+    }
+}
+
+impl GpuSim {
+    /// [`Values::Noise`]: the sample's gauges drawn uniformly over their
+    /// range, the energy counter grown by up to 700 W × `dt`.
+    fn noise(&mut self, sample: GpuSample, dt: f64, rng: &mut Rng) -> GpuSample {
+        let mut uniform = |lo: u32, hi: u32| rng.range(f64::from(lo), f64::from(hi) + 1.0) as u32;
+        let power_mw = uniform(60_000, 700_000);
+        let (temperature_c, memory_temperature_c) = (uniform(25, 90), uniform(30, 95));
+        let (sm_clock_mhz, memory_clock_mhz) = (uniform(210, 1980), uniform(1593, 2619));
+        let (gpu_util_pct, memory_copy_util_pct) = (uniform(0, 100), uniform(0, 100));
+        self.energy_mj += (rng.range(0.0, 700_000.0) * dt).round() as u64;
+        let fb_used = rng.range(0.0, (FB_TOTAL - FB_RESERVED) as f64) as u64;
+        GpuSample {
+            temperature_c: Some(temperature_c),
+            memory_temperature_c: Some(memory_temperature_c),
+            power_mw: Some(power_mw),
+            energy_mj: Some(self.energy_mj),
+            sm_clock_mhz: Some(sm_clock_mhz),
+            memory_clock_mhz: Some(memory_clock_mhz),
+            gpu_util_pct: Some(gpu_util_pct),
+            memory_copy_util_pct: Some(memory_copy_util_pct),
+            fb_used_bytes: Some(fb_used),
+            fb_free_bytes: Some(FB_TOTAL - FB_RESERVED - fb_used),
+            ..sample
+        }
+    }
+}
+
+impl PortSim {
+    fn counters(&self) -> [u64; 4] {
+        [
+            self.xmit_bytes,
+            self.rcv_bytes,
+            self.xmit_packets,
+            self.rcv_packets,
+        ]
+    }
+
+    fn set_counters(&mut self, [xb, rb, xp, rp]: [u64; 4]) {
+        (
+            self.xmit_bytes,
+            self.rcv_bytes,
+            self.xmit_packets,
+            self.rcv_packets,
+        ) = (xb, rb, xp, rp);
+    }
+
+    /// [`Values::Noise`]: the counters grown by a uniform random amount, up
+    /// to 400 Gb/s in packets of 256 B to 4 KiB, and the rates to match.
+    fn noise(&mut self, sample: IbPortSample, dt: f64, rng: &mut Rng) -> IbPortSample {
+        let mut bytes = || 4 * (rng.range(0.0, 5.0e10 * dt) / 4.0) as u64;
+        let (xmit, rcv) = (bytes(), bytes());
+        let mut packets = |bytes: u64| (bytes as f64 / rng.range(256.0, 4096.0)) as u64;
+        let (xmit_packets, rcv_packets) = (packets(xmit), packets(rcv));
+        self.xmit_bytes += xmit;
+        self.rcv_bytes += rcv;
+        self.xmit_packets += xmit_packets;
+        self.rcv_packets += rcv_packets;
+        IbPortSample {
+            xmit_bytes: Some(self.xmit_bytes),
+            rcv_bytes: Some(self.rcv_bytes),
+            xmit_packets: Some(self.xmit_packets),
+            rcv_packets: Some(self.rcv_packets),
+            xmit_bytes_per_s: Some(xmit as f64 / dt),
+            rcv_bytes_per_s: Some(rcv as f64 / dt),
+            xmit_packets_per_s: Some(xmit_packets as f64 / dt),
+            rcv_packets_per_s: Some(rcv_packets as f64 / dt),
+            ..sample
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -655,6 +819,63 @@ mod tests {
         assert_eq!(metric_columns(Table::Gpu).len(), 43);
         assert_eq!(metric_columns(Table::Node).len(), 15);
         assert_eq!(metric_columns(Table::Ib).len(), 33);
+    }
+
+    #[test]
+    fn noise_has_the_realistic_rows_and_keys_with_values_spread_over_their_range() {
+        let (real, noise) = (simulate(4, 300), simulate_values(4, 300, Values::Noise));
+        assert_eq!(real.len(), noise.len());
+        for (r, n) in real.iter().zip(&noise) {
+            assert_eq!(
+                (&r.node, r.batch.gpu.len(), r.batch.ib.len()),
+                (&n.node, 8, 4)
+            );
+            for (x, y) in r.batch.gpu.iter().zip(&n.batch.gpu) {
+                assert_eq!((x.ts_us, &x.uuid, &x.job_id), (y.ts_us, &y.uuid, &y.job_id));
+            }
+        }
+        // Counters still only grow; gauges stay in range but jump anywhere.
+        for pair in noise.windows(5) {
+            let (a, b) = (&pair[0], &pair[4]);
+            for (x, y) in a.batch.gpu.iter().zip(&b.batch.gpu) {
+                assert!(y.energy_mj >= x.energy_mj);
+                assert!(y.energy_mj.unwrap() - x.energy_mj.unwrap() <= 700_000);
+            }
+            for (x, y) in a.batch.ib.iter().zip(&b.batch.ib) {
+                assert!(y.xmit_bytes >= x.xmit_bytes && y.rcv_packets >= x.rcv_packets);
+                assert_eq!(
+                    y.xmit_bytes_per_s,
+                    Some((y.xmit_bytes.unwrap() - x.xmit_bytes.unwrap()) as f64)
+                );
+            }
+        }
+        let powers: Vec<u32> = noise
+            .iter()
+            .flat_map(|b| b.batch.gpu.iter().filter_map(|g| g.power_mw))
+            .collect();
+        assert!(powers.iter().all(|p| (60_000..=700_000).contains(p)));
+        let distinct: std::collections::HashSet<_> = powers.iter().collect();
+        assert!(
+            distinct.len() > powers.len() * 9 / 10,
+            "{} distinct",
+            distinct.len()
+        );
+        let (lo, hi) = (powers.iter().min().unwrap(), powers.iter().max().unwrap());
+        assert!(*lo < 70_000 && *hi > 690_000, "{lo}..{hi}");
+        for n in noise.iter().flat_map(|b| &b.batch.node) {
+            let shares = [
+                n.cpu_user_pct,
+                n.cpu_system_pct,
+                n.cpu_iowait_pct,
+                n.cpu_idle_pct,
+            ];
+            let sum: f32 = shares.iter().map(|s| s.unwrap()).sum();
+            assert!((sum - 100.0).abs() < 0.01, "{sum}");
+            assert_eq!(
+                n.memory_used_bytes.unwrap() + n.memory_available_bytes.unwrap(),
+                n.memory_total_bytes.unwrap()
+            );
+        }
     }
 
     #[test]

@@ -35,7 +35,7 @@ use tokio::time::Instant;
 use tonic::transport::Endpoint;
 use tracing::{info, warn};
 
-use crate::{AgentBatch, IB_PORTS_PER_NODE, SimNode, buffer_and_take, metric_values};
+use crate::{AgentBatch, IB_PORTS_PER_NODE, SimNode, Values, buffer_and_take, metric_values};
 
 /// Rows all streaming agents together may hold unacknowledged, unless
 /// `--window` says otherwise. A generated row takes about 550 bytes in memory
@@ -123,6 +123,11 @@ pub struct Cli {
     /// (the run then lasts ticks × interval; --timeout counts from its end).
     #[arg(long)]
     pub pace: bool,
+    /// What the simulated sensors report: a training cluster's telemetry,
+    /// or random noise over each value's range (the worst case for
+    /// compression).
+    #[arg(long, value_enum, default_value_t = Values::Realistic)]
+    pub values: Values,
     /// Worker threads of the runtime [default: one per CPU].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub threads: Option<u32>,
@@ -188,6 +193,8 @@ pub struct Plan {
     pub timeout: Duration,
     /// Send tick k at k × interval after the start.
     pub pace: bool,
+    /// What the simulated sensors report.
+    pub values: Values,
     /// Makes this run's agent ids unique: a collector deduplicates by agent id
     /// and would take a second run's batches for resends of the first's.
     pub run_id: String,
@@ -264,6 +271,7 @@ impl Plan {
             window: 1,
             timeout: cli.timeout,
             pace: cli.pace,
+            values: cli.values,
             run_id,
             values_per_row: [0; 3],
         };
@@ -620,7 +628,8 @@ async fn agent(
         plan.gpus,
         plan.start_us,
         plan.interval_us,
-    );
+    )
+    .with_values(plan.values);
     let mut left = plan.ticks;
     while left > 0 {
         let window = left.min(plan.window);
