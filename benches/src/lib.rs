@@ -248,7 +248,10 @@ impl Cluster {
 ///
 /// The node runs jobs (30–120 min) separated by idle gaps (2–10 min); about
 /// one node in five starts idle; a job's id is on all its GPUs' rows. A
-/// training job has an iteration period of 5–12 s that GPU power, memory traffic and IB traffic follow, and a
+/// training job has an iteration period of 5–12 s that GPU power and memory
+/// traffic follow, a gradient all-reduce at InfiniBand line rate in the last
+/// 35 % of each iteration (the ports are quiet in between, and flat on idle
+/// nodes but for the subnet manager's packets now and then), and a
 /// checkpoint every 15–30 min (40 s of low GPU load and disk I/O). Sensors
 /// behave as NVML and the kernel report them: temperatures follow power with
 /// a 20 s lag in whole °C, power in mW with noise, energy and IB counters
@@ -496,12 +499,14 @@ impl SimNode {
         } else {
             node
         };
+        let end_s = self.elapsed_us as f64 / SECOND_US as f64;
+        let burst_s = all_reduce_seconds(end_s - dt, end_s, self.iter_period_s);
         let ib = self
             .ports
             .iter_mut()
             .map(|p| {
                 let before = p.counters();
-                let sample = p.tick(ts_us, dt, phase, theta, &mut self.rng);
+                let sample = p.tick(ts_us, dt, phase, burst_s, &mut self.rng);
                 if noise {
                     p.set_counters(before);
                     p.noise(sample, dt, &mut self.rng)
@@ -663,20 +668,26 @@ impl PortSim {
         clippy::needless_update,
         reason = "the protocol may gain fields; rows leave them unset"
     )]
-    /// `dt`: the tick's length in seconds.
+    /// `dt`: the tick's length in seconds; `burst_s`: how much of it the
+    /// job's all-reduce bursts took ([`all_reduce_seconds`]).
     fn tick(
         &mut self,
         ts_us: i64,
         dt: f64,
         phase: Phase,
-        theta: f64,
+        burst_s: f64,
         rng: &mut Rng,
     ) -> IbPortSample {
-        // All-reduce traffic peaks in the backward pass, opposite the compute peak.
         let bytes_per_s = match phase {
-            Phase::Train => 2.2e10 * (0.55 - 0.4 * theta.sin()) * (1.0 + 0.05 * rng.normal()),
+            // Gradient all-reduce runs near line rate (400 Gb/s, about 46
+            // GB/s achieved) in bursts; between them the port is quiet.
+            Phase::Train => {
+                let burst = 4.6e10 * (1.0 + 0.03 * rng.normal()) * burst_s / dt;
+                burst + idle_port_bytes(dt, rng) / dt
+            }
+            // Checkpoint writes to storage over the same fabric.
             Phase::Checkpoint => 1.5e9 * (1.0 + 0.2 * rng.normal()),
-            Phase::Idle => 2.0e4 * (1.0 + 0.3 * rng.normal()),
+            Phase::Idle => idle_port_bytes(dt, rng) / dt,
         }
         .max(0.0);
         // The data counters count 4-byte words.
@@ -684,7 +695,7 @@ impl PortSim {
         let xmit = words(bytes_per_s * dt);
         let rcv = words(bytes_per_s * dt * (1.0 + 0.01 * rng.normal()));
         // Mostly 4 KiB MTU packets, with small control messages among them.
-        let mut packets = |bytes: u64| (bytes as f64 / rng.range(3900.0, 4100.0)).round() as u64;
+        let mut packets = |bytes: u64| (bytes as f64 / rng.range(3900.0, 4100.0)).ceil() as u64;
         let (xmit_packets, rcv_packets) = (packets(xmit), packets(rcv));
         self.xmit_bytes += xmit;
         self.rcv_bytes += rcv;
@@ -707,6 +718,42 @@ impl PortSim {
             rcv_packets_per_s: Some(rcv_packets as f64 / dt),
             ..IbPortSample::default()
         }
+    }
+}
+
+/// Share of a training iteration its gradient all-reduce keeps the ports
+/// busy: the backward pass's second half, overlapped with compute.
+const ALL_REDUCE_SHARE: f64 = 0.35;
+
+/// Seconds of [`t0`, `t1`) (simulated time) that fall in an all-reduce
+/// burst of a job iterating every `period_s`: the last
+/// [`ALL_REDUCE_SHARE`] of each iteration. Sampled once a second against
+/// iterations of 5–12 s, some ticks see a whole burst, some part of one and
+/// some none, so a busy port's counters alternate between flat and steep.
+fn all_reduce_seconds(t0: f64, t1: f64, period_s: f64) -> f64 {
+    if period_s <= 0.0 || t1 <= t0 {
+        return 0.0;
+    }
+    let start_in_period = (1.0 - ALL_REDUCE_SHARE) * period_s;
+    let first = (t0 / period_s).floor() as i64 - 1;
+    let last = (t1 / period_s).floor() as i64 + 1;
+    (first..=last)
+        .map(|k| {
+            let a = k as f64 * period_s + start_in_period;
+            let b = a + ALL_REDUCE_SHARE * period_s;
+            (b.min(t1) - a.max(t0)).max(0.0)
+        })
+        .sum()
+}
+
+/// Bytes an unused port moves in `dt` seconds: none, but for the subnet
+/// manager's sweeps and the odd management datagram (one tick in ten, a few
+/// hundred bytes), so its counters stay flat most ticks.
+fn idle_port_bytes(dt: f64, rng: &mut Rng) -> f64 {
+    if rng.unit() < 0.1 * dt {
+        rng.range(256.0, 2048.0)
+    } else {
+        0.0
     }
 }
 
@@ -876,6 +923,49 @@ mod tests {
                 n.memory_total_bytes.unwrap()
             );
         }
+    }
+
+    #[test]
+    fn all_reduce_bursts_take_their_share_of_each_iteration() {
+        // Iterations of 8 s: bursts over [5.2, 8), [13.2, 16), …
+        assert_eq!(all_reduce_seconds(0.0, 5.0, 8.0), 0.0);
+        assert!((all_reduce_seconds(5.0, 6.0, 8.0) - 0.8).abs() < 1e-9);
+        assert!((all_reduce_seconds(6.0, 7.0, 8.0) - 1.0).abs() < 1e-9);
+        assert!((all_reduce_seconds(7.5, 13.5, 8.0) - 0.8).abs() < 1e-9);
+        let hour: f64 = (0..3600)
+            .map(|t| all_reduce_seconds(f64::from(t), f64::from(t + 1), 7.3))
+            .sum();
+        assert!((hour / 3600.0 - ALL_REDUCE_SHARE).abs() < 0.001, "{hour}");
+        // Sampled once a second, a busy port's counters are flat in about
+        // half its ticks and move at line rate in some.
+        let batches = simulate(4, 900);
+        let ticks: Vec<(u64, u64)> = batches
+            .windows(5)
+            .filter(|w| w[0].batch.gpu[0].job_id.is_some())
+            .map(|w| {
+                let (a, b) = (&w[0].batch.ib[0], &w[4].batch.ib[0]);
+                (
+                    b.xmit_bytes.unwrap() - a.xmit_bytes.unwrap(),
+                    b.xmit_packets.unwrap() - a.xmit_packets.unwrap(),
+                )
+            })
+            .collect();
+        let flat = ticks.iter().filter(|(bytes, _)| *bytes < 4096).count();
+        let full = ticks
+            .iter()
+            .filter(|(bytes, _)| *bytes > 40_000_000_000)
+            .count();
+        assert!(
+            flat * 10 > ticks.len() * 3 && flat * 10 < ticks.len() * 7,
+            "{flat} of {}",
+            ticks.len()
+        );
+        assert!(full > 0, "no tick at line rate");
+        assert!(
+            ticks
+                .iter()
+                .all(|(bytes, packets)| (*bytes == 0) == (*packets == 0))
+        );
     }
 
     #[test]
