@@ -697,27 +697,15 @@ impl PortSim {
         // Mostly 4 KiB MTU packets, with small control messages among them.
         let mut packets = |bytes: u64| (bytes as f64 / rng.range(3900.0, 4100.0)).ceil() as u64;
         let (xmit_packets, rcv_packets) = (packets(xmit), packets(rcv));
-        self.xmit_bytes += xmit;
-        self.rcv_bytes += rcv;
-        self.xmit_packets += xmit_packets;
-        self.rcv_packets += rcv_packets;
-        IbPortSample {
+        let sample = IbPortSample {
             ts_us,
             device: self.device.clone(),
             port: 1,
             state: "ACTIVE".to_owned(),
             rate_gbps: Some(400.0),
-            xmit_bytes: Some(self.xmit_bytes),
-            rcv_bytes: Some(self.rcv_bytes),
-            xmit_packets: Some(self.xmit_packets),
-            rcv_packets: Some(self.rcv_packets),
-            // Ticks are exactly dt apart.
-            xmit_bytes_per_s: Some(xmit as f64 / dt),
-            rcv_bytes_per_s: Some(rcv as f64 / dt),
-            xmit_packets_per_s: Some(xmit_packets as f64 / dt),
-            rcv_packets_per_s: Some(rcv_packets as f64 / dt),
             ..IbPortSample::default()
-        }
+        };
+        self.advance([xmit, rcv, xmit_packets, rcv_packets], dt, sample)
     }
 }
 
@@ -814,6 +802,32 @@ impl GpuSim {
 }
 
 impl PortSim {
+    /// Adds one tick's bytes and packets (transmitted, received) to the
+    /// counters: `sample` with the counters and the tick's rates (ticks are
+    /// exactly `dt` apart).
+    fn advance(
+        &mut self,
+        [xmit, rcv, xp, rp]: [u64; 4],
+        dt: f64,
+        sample: IbPortSample,
+    ) -> IbPortSample {
+        self.xmit_bytes += xmit;
+        self.rcv_bytes += rcv;
+        self.xmit_packets += xp;
+        self.rcv_packets += rp;
+        IbPortSample {
+            xmit_bytes: Some(self.xmit_bytes),
+            rcv_bytes: Some(self.rcv_bytes),
+            xmit_packets: Some(self.xmit_packets),
+            rcv_packets: Some(self.rcv_packets),
+            xmit_bytes_per_s: Some(xmit as f64 / dt),
+            rcv_bytes_per_s: Some(rcv as f64 / dt),
+            xmit_packets_per_s: Some(xp as f64 / dt),
+            rcv_packets_per_s: Some(rp as f64 / dt),
+            ..sample
+        }
+    }
+
     fn counters(&self) -> [u64; 4] {
         [
             self.xmit_bytes,
@@ -839,21 +853,7 @@ impl PortSim {
         let (xmit, rcv) = (bytes(), bytes());
         let mut packets = |bytes: u64| (bytes as f64 / rng.range(256.0, 4096.0)) as u64;
         let (xmit_packets, rcv_packets) = (packets(xmit), packets(rcv));
-        self.xmit_bytes += xmit;
-        self.rcv_bytes += rcv;
-        self.xmit_packets += xmit_packets;
-        self.rcv_packets += rcv_packets;
-        IbPortSample {
-            xmit_bytes: Some(self.xmit_bytes),
-            rcv_bytes: Some(self.rcv_bytes),
-            xmit_packets: Some(self.xmit_packets),
-            rcv_packets: Some(self.rcv_packets),
-            xmit_bytes_per_s: Some(xmit as f64 / dt),
-            rcv_bytes_per_s: Some(rcv as f64 / dt),
-            xmit_packets_per_s: Some(xmit_packets as f64 / dt),
-            rcv_packets_per_s: Some(rcv_packets as f64 / dt),
-            ..sample
-        }
+        self.advance([xmit, rcv, xmit_packets, rcv_packets], dt, sample)
     }
 }
 

@@ -289,7 +289,8 @@ pub async fn put_file(
 mod tests {
     use super::*;
     use arrow_array::builder::StringDictionaryBuilder;
-    use arrow_array::types::Int32Type;
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::{Int32Type, TimestampMicrosecondType};
     use arrow_array::{ArrayRef, Int32Array, TimestampMicrosecondArray, new_null_array};
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
@@ -365,24 +366,10 @@ mod tests {
         assert_eq!(read.num_rows(), batch.num_rows());
         // Node by node, GPU by GPU, in time order: the first rows are
         // node-000's GPU 0, then its GPU 1 from its first tick.
-        let ts = read
-            .column_by_name("ts")
-            .unwrap()
-            .as_any()
-            .downcast_ref::<TimestampMicrosecondArray>()
-            .unwrap();
-        let gpu = read
-            .column_by_name("gpu")
-            .unwrap()
-            .as_any()
-            .downcast_ref::<Int32Array>()
-            .unwrap();
-        let util = read
-            .column_by_name("gpu_util_pct")
-            .unwrap()
-            .as_any()
-            .downcast_ref::<Int32Array>()
-            .unwrap();
+        let column = |name: &str| read.column_by_name(name).expect("column");
+        let ts = column("ts").as_primitive::<TimestampMicrosecondType>();
+        let gpu = column("gpu").as_primitive::<Int32Type>();
+        let util = column("gpu_util_pct").as_primitive::<Int32Type>();
         assert_eq!(ts.value(119) - ts.value(0), 119_000_000);
         assert_eq!((gpu.value(119), gpu.value(120)), (0, 1));
         assert_eq!(ts.value(120), ts.value(0));
