@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Stored size side by side with VictoriaMetrics: one hour of NODES simulated
+# nodes (8 GPUs, 4 InfiniBand ports each) at 1 Hz, written by the release
+# collector from `gputel-loadgen` and compacted; the same values exported
+# from the compacted Parquet with DuckDB and imported into Debian's
+# VictoriaMetrics (installed when missing), flushed and merged. Prints bytes
+# per metric value per table for both, and the ratio.
+#
+#   benches/scripts/vs-victoriametrics.sh [NODES] [realistic|noise]   # default 16 realistic
+#
+# A metric value is a non-null value of one of the columns the simulator
+# fills (13 per gpu row, 11 per node row, 9 per ib row; benches/README.md).
+# In VictoriaMetrics each column is a metric, labelled by node and GPU, or
+# by node, device and port; job ids are left out (as labels they would
+# only add series). Its size is its whole storage directory (data and
+# index) after a forced merge.
+cd "$(dirname "$0")/../.."
+source benches/scripts/common.sh
+
+nodes=${1:-16}
+values=${2:-realistic}
+DUCKDB=${GPUTEL_DUCKDB:-$(pwd)/target/tools/venv/bin/duckdb}
+[[ -x $DUCKDB ]] || die "the DuckDB CLI is missing: run scripts/test once, or set GPUTEL_DUCKDB"
+if ! command -v victoria-metrics >/dev/null; then
+  say "installing VictoriaMetrics (apt-get install victoria-metrics)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q victoria-metrics >/dev/null \
+    || die "cannot install victoria-metrics"
+fi
+build_release
+dir=$(mktemp -d)
+trap 'set +e; pkill -P "${COLLECTOR_PID:-0}"; [[ -n ${VM_PID:-} ]] && kill "$VM_PID"; wait; rm -rf "$dir"; true' EXIT
+
+machine
+echo "VictoriaMetrics $(dpkg-query -W -f '${Version}' victoria-metrics 2>/dev/null || echo "(not from a Debian package)")"
+start_collector "$dir" --flush-rows 1000000 --flush-interval 1h --compact-interval 0
+say "an hour of $nodes nodes at 1 Hz ($values values) through the collector"
+"$LOADGEN" --collector "http://127.0.0.1:$COLLECTOR_PORT" --agents "$nodes" --gpus 8 \
+  --ticks 3600 --start-ts 2024-06-12T12:00:00Z --values "$values" \
+  >"$dir/loadgen.out" 2>"$dir/loadgen.log" \
+  || die "gputel-loadgen failed: $(tail -5 "$dir/loadgen.log")"
+stop_collector
+"$COLLECTOR" compact --store "$dir/store" >"$dir/compact.log" 2>&1 \
+  || die "compaction failed: $(tail -5 "$dir/compact.log")"
+
+declare -A cols keys
+cols[gpu]="temperature_c memory_temperature_c power_mw energy_mj sm_clock_mhz memory_clock_mhz gpu_util_pct memory_copy_util_pct fb_used_bytes fb_free_bytes fb_total_bytes xid_count job_count"
+keys[gpu]="node gpu"
+cols[node]="cpu_count cpu_user_pct cpu_system_pct cpu_iowait_pct cpu_idle_pct memory_total_bytes memory_used_bytes memory_available_bytes load1 load5 load15"
+keys[node]="node"
+cols[ib]="rate_gbps xmit_bytes rcv_bytes xmit_packets rcv_packets xmit_bytes_per_s rcv_bytes_per_s xmit_packets_per_s rcv_packets_per_s"
+keys[ib]="node device port"
+
+vm_port=$(free_port)
+victoria-metrics -storageDataPath "$dir/vm" -httpListenAddr "127.0.0.1:$vm_port" \
+  -retentionPeriod 100y -loggerLevel ERROR >"$dir/vm.log" 2>&1 &
+VM_PID=$!
+wait_port "$vm_port"
+
+declare -A gputel_bytes table_values
+for t in gpu node ib; do
+  files=("$dir/store/$t"/date=*/hour=*/*.parquet)
+  [[ ${#files[@]} -eq 1 ]] || die "$t: expected one compacted file, found ${#files[@]}"
+  gputel_bytes[$t]=$(stat -c %s "${files[0]}")
+  read -ra c <<<"${cols[$t]}"
+  read -ra k <<<"${keys[$t]}"
+  count=$(printf 'count(%s)+' "${c[@]}")
+  table_values[$t]=$("$DUCKDB" -noheader -list -c "SELECT ${count%+} FROM '${files[0]}'")
+  # node, [gpu | device, port], time in ms, then the metrics; one CSV per table.
+  select=$(IFS=,; echo "${k[*]},epoch_ms(ts),${c[*]}")
+  "$DUCKDB" -c "COPY (SELECT $select FROM '${files[0]}') TO '$dir/$t.csv' (HEADER false)"
+  format="" i=1
+  for name in "${k[@]}"; do format+="$i:label:$name,"; i=$((i + 1)); done
+  format+="$i:time:unix_ms"
+  for name in "${c[@]}"; do i=$((i + 1)); format+=",$i:metric:${t}_$name"; done
+  curl -sf --data-binary "@$dir/$t.csv" \
+    "http://127.0.0.1:$vm_port/api/v1/import/csv?format=$format" \
+    || die "VictoriaMetrics refused the $t import: $(tail -3 "$dir/vm.log")"
+done
+curl -sf "http://127.0.0.1:$vm_port/internal/force_flush" >/dev/null
+curl -sf "http://127.0.0.1:$vm_port/internal/force_merge?partition_prefix=2024_06" >/dev/null
+# The merge runs in the background: wait until the directory stops changing.
+last=-1
+for ((i = 0; i < 120; i++)); do
+  sleep 2
+  now=$(du -sb "$dir/vm" | cut -f1)
+  [[ $now == "$last" ]] && break
+  last=$now
+done
+# Every value imported? VictoriaMetrics counts the rows it stored.
+stored=$(curl -sf "http://127.0.0.1:$vm_port/metrics" \
+  | awk '/^vm_rows\{type="storage\/(big|small)"\}/ { s += $2 } END { print s + 0 }')
+vm_bytes=$(du -sb "$dir/vm" | cut -f1)
+kill "$VM_PID"
+wait "$VM_PID" 2>/dev/null || true
+VM_PID=
+
+total_values=$((table_values[gpu] + table_values[node] + table_values[ib]))
+total_bytes=$((gputel_bytes[gpu] + gputel_bytes[node] + gputel_bytes[ib]))
+echo "values ($values): gpu ${table_values[gpu]}, node ${table_values[node]}, ib ${table_values[ib]}; all $total_values; stored by VictoriaMetrics: $stored"
+[[ $stored -eq $total_values ]] || echo "warning: VictoriaMetrics stored $stored values of $total_values"
+for t in gpu node ib; do
+  awk -v t="$t" -v b="${gputel_bytes[$t]}" -v v="${table_values[$t]}" \
+    'BEGIN { printf "gputel %-4s  %10d bytes  %.3f bytes/value\n", t, b, b / v }'
+done
+awk -v b="$total_bytes" -v v="$total_values" -v m="$vm_bytes" 'BEGIN {
+  printf "gputel all   %10d bytes  %.3f bytes/value (compacted Parquet, gpu + node + ib)\n", b, b / v
+  printf "VictoriaMetrics %7d bytes  %.3f bytes/value (storage directory after a forced merge)\n", m, m / v
+  printf "ratio VictoriaMetrics / gputel: %.2f\n", m / b
+}'
