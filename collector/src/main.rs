@@ -9,10 +9,10 @@ use gputel_collector::config::{
 use gputel_collector::{compact, import, report, store, wal};
 
 /// jemalloc rather than glibc's malloc: under a fleet's load the collector
-/// frees large, short-lived buffers (a flush's sorted columns and Parquet
+/// frees large, short-lived buffers (a flush's sorted slices and Parquet
 /// pages) between many small long-lived ones (connections, buffered rows),
-/// and glibc's arenas kept most of the freed memory resident (benches/README.md,
-/// "Collector memory").
+/// and glibc's arenas kept most of the freed memory resident
+/// (benches/README.md, "Collector memory at a fleet's pace").
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
