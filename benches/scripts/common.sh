@@ -89,18 +89,32 @@ stop_collector() {
   wait "$COLLECTOR_PID" || die "the collector failed: $(tail -5 "$(dirname "$COLLECTOR_TIME")/collector.log")"
 }
 
+# What the stores below were written from: the simulator's source. A store
+# made by another simulator is written again.
+simulator_stamp() {
+  sha256sum benches/src/lib.rs | cut -c1-16
+}
+
+# Whether the store in $1 was finished by the current simulator.
+store_done() {
+  [[ -e $1/done && $(cat "$1/done") == "$(simulator_stamp)" ]]
+}
+
 # One hour (2024-06-12T12) of NODES simulated nodes sampled every second,
 # written by the real collector in FILES flushes (by rows, as many as 10 s
 # flushes make of an hour: 360), as flushed (not compacted: a fresh hour's
-# many files) in target/bench-query/NODESx1s-hour/flushed and compacted in
-# .../compacted. Sets $flushed and $compacted.
+# many files) in target/bench-query/NODESx1s-hour-FILES/flushed and
+# compacted in .../compacted; VALUES is gputel-loadgen's --values
+# (default realistic; other values add -VALUES to the directory). Sets
+# $flushed and $compacted.
 hour_store() {
-  local nodes=$1 files=$2
+  local nodes=$1 files=$2 values=${3:-realistic}
   local base
   base="$(pwd)/target/bench-query/${nodes}x1s-hour-${files}"
+  [[ $values == realistic ]] || base+="-$values"
   flushed="$base/flushed"
   compacted="$base/compacted"
-  if [[ ! -e $base/done ]]; then
+  if ! store_done "$base"; then
     rm -rf "$base"
     trap 'set +e; pkill -P "${COLLECTOR_PID:-0}"; true' EXIT
     # 13 rows a node and tick (8 GPUs, the node, 4 ports); no compaction
@@ -109,7 +123,7 @@ hour_store() {
       --flush-interval 1h --compact-interval 0
     say "writing an hour (3600 ticks of 1 s) of $nodes nodes through the collector"
     "$LOADGEN" --collector "http://127.0.0.1:$COLLECTOR_PORT" --agents "$nodes" --gpus 8 \
-      --ticks 3600 --interval-ms 1000 --start-ts 2024-06-12T12:00:00Z \
+      --ticks 3600 --interval-ms 1000 --start-ts 2024-06-12T12:00:00Z --values "$values" \
       >"$base/loadgen.out" 2>"$base/loadgen.log" \
       || die "gputel-loadgen failed: $(tail -5 "$base/loadgen.log")"
     stop_collector
@@ -120,7 +134,7 @@ hour_store() {
     "$COLLECTOR" compact --store "$compacted" >"$base/compact.log" 2>&1 \
       || die "compaction failed: $(tail -5 "$base/compact.log")"
     rm -rf "$base/wal"
-    touch "$base/done"
+    simulator_stamp >"$base/done"
   fi
 }
 
@@ -128,14 +142,15 @@ hour_store() {
 # 4 IB ports each) on 2024-06-12, written by the real collector from
 # `gputel-loadgen` and compacted by `gputel-collector compact`, as a serving
 # collector would. Kept in target/bench-query/NODESxINTERVALs and reused by
-# later runs (delete it to regenerate). Sets $store.
+# later runs while the simulator is unchanged (delete it to regenerate).
+# Sets $store.
 day_store() {
   local interval=$1 nodes=$2
   local ticks=$((86400 / interval))
   local base day=2024-06-12
   base="$(pwd)/target/bench-query/${nodes}x${interval}s"
   store="$base/store"
-  if [[ ! -e $base/done ]]; then
+  if ! store_done "$base"; then
     rm -rf "$base"
     trap 'set +e; pkill -P "${COLLECTOR_PID:-0}"; true' EXIT
     start_collector "$base"
@@ -150,6 +165,6 @@ day_store() {
     "$COLLECTOR" compact --store "$store" >"$base/compact.log" 2>&1 \
       || die "compaction failed: $(tail -5 "$base/compact.log")"
     rm -rf "$base/wal"
-    touch "$base/done"
+    simulator_stamp >"$base/done"
   fi
 }

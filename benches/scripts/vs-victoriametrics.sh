@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Stored size side by side with VictoriaMetrics: one hour of NODES simulated
 # nodes (8 GPUs, 4 InfiniBand ports each) at 1 Hz, written by the release
-# collector from `gputel-loadgen` and compacted; the same values exported
+# collector from `gputel-loadgen` and compacted (hour_store in common.sh,
+# kept in target/bench-query); the same values exported
 # from the compacted Parquet with DuckDB and imported into Debian's
 # VictoriaMetrics (installed when missing), flushed and merged. Prints bytes
 # per metric value per table for both, and the ratio.
@@ -27,20 +28,12 @@ if ! command -v victoria-metrics >/dev/null; then
     || die "cannot install victoria-metrics"
 fi
 build_release
+hour_store "$nodes" 1 "$values"
 dir=$(mktemp -d)
-trap 'set +e; pkill -P "${COLLECTOR_PID:-0}"; [[ -n ${VM_PID:-} ]] && kill "$VM_PID"; wait; rm -rf "$dir"; true' EXIT
+trap 'set +e; [[ -n ${VM_PID:-} ]] && kill "$VM_PID"; wait; rm -rf "$dir"; true' EXIT
 
 machine
 echo "VictoriaMetrics $(dpkg-query -W -f '${Version}' victoria-metrics 2>/dev/null || echo "(not from a Debian package)")"
-start_collector "$dir" --flush-rows 1000000 --flush-interval 1h --compact-interval 0
-say "an hour of $nodes nodes at 1 Hz ($values values) through the collector"
-"$LOADGEN" --collector "http://127.0.0.1:$COLLECTOR_PORT" --agents "$nodes" --gpus 8 \
-  --ticks 3600 --start-ts 2024-06-12T12:00:00Z --values "$values" \
-  >"$dir/loadgen.out" 2>"$dir/loadgen.log" \
-  || die "gputel-loadgen failed: $(tail -5 "$dir/loadgen.log")"
-stop_collector
-"$COLLECTOR" compact --store "$dir/store" >"$dir/compact.log" 2>&1 \
-  || die "compaction failed: $(tail -5 "$dir/compact.log")"
 
 declare -A cols keys
 cols[gpu]="temperature_c memory_temperature_c power_mw energy_mj sm_clock_mhz memory_clock_mhz gpu_util_pct memory_copy_util_pct fb_used_bytes fb_free_bytes fb_total_bytes xid_count job_count"
@@ -58,7 +51,7 @@ wait_port "$vm_port"
 
 declare -A gputel_bytes table_values
 for t in gpu node ib; do
-  files=("$dir/store/$t"/date=*/hour=*/*.parquet)
+  files=("$compacted/$t"/date=*/hour=*/*.parquet)
   [[ ${#files[@]} -eq 1 ]] || die "$t: expected one compacted file, found ${#files[@]}"
   gputel_bytes[$t]=$(stat -c %s "${files[0]}")
   read -ra c <<<"${cols[$t]}"
