@@ -27,6 +27,19 @@ pub struct WriteBuffer {
     jobs: BTreeMap<PartitionKey, BTreeMap<JobOnGpu, Seen>>,
     alert: BTreeMap<PartitionKey, AlertRows>,
     rows: usize,
+    /// Rows of the big tables appended so far.
+    appended: Sizes,
+    /// Room the first partition of each big table starts with: the rows the
+    /// buffer before this one took, so that filling it copies nothing.
+    room: Sizes,
+}
+
+/// Rows of the `gpu`, `node` and `ib` tables.
+#[derive(Debug, Default, Clone, Copy)]
+struct Sizes {
+    gpu: usize,
+    node: usize,
+    ib: usize,
 }
 
 /// A job on one GPU of one node.
@@ -65,7 +78,7 @@ impl WriteBuffer {
     /// Appends every row of a validated batch from `node`.
     pub fn append(&mut self, node: &str, batch: ValidBatch<'_>) {
         let batch = batch.get();
-        append_all(&mut self.gpu, node, &batch.gpu, |s| s.ts_us);
+        append_all(&mut self.gpu, self.room.gpu, node, &batch.gpu, |s| s.ts_us);
         for s in &batch.gpu {
             if let Some(job_id) = &s.job_id {
                 let key = PartitionKey::from_ts_us(s.ts_us)
@@ -91,11 +104,18 @@ impl WriteBuffer {
                     });
             }
         }
-        append_all(&mut self.node, node, &batch.node, |s| s.ts_us);
-        append_all(&mut self.ib, node, &batch.ib, |s| s.ts_us);
-        append_all(&mut self.event, node, &batch.event, |s| s.ts_us);
-        append_all(&mut self.gpu_process, node, &batch.gpu_process, |s| s.ts_us);
+        append_all(&mut self.node, self.room.node, node, &batch.node, |s| {
+            s.ts_us
+        });
+        append_all(&mut self.ib, self.room.ib, node, &batch.ib, |s| s.ts_us);
+        append_all(&mut self.event, 0, node, &batch.event, |s| s.ts_us);
+        append_all(&mut self.gpu_process, 0, node, &batch.gpu_process, |s| {
+            s.ts_us
+        });
         self.rows += crate::validate::row_count(batch);
+        self.appended.gpu += batch.gpu.len();
+        self.appended.node += batch.node.len();
+        self.appended.ib += batch.ib.len();
     }
 
     /// Appends alert firings and resolutions (the node is in each row).
@@ -124,6 +144,15 @@ impl WriteBuffer {
                 .or_default()
                 .push(&event.node, &EventSource::Node(event));
             self.rows += 1;
+        }
+    }
+
+    /// An empty buffer that makes room, as it fills, for as many rows of
+    /// each big table as this one took.
+    pub fn successor(&self) -> WriteBuffer {
+        WriteBuffer {
+            room: self.appended,
+            ..WriteBuffer::default()
         }
     }
 
@@ -165,8 +194,11 @@ impl WriteBuffer {
     }
 }
 
-fn append_all<S, R: Rows<S> + Default>(
+/// Appends rows to their partitions; the first partition made starts with
+/// room for `room` rows, later ones (the next hour's) grow as they fill.
+fn append_all<S, R: Rows<S>>(
     partitions: &mut BTreeMap<PartitionKey, R>,
+    room: usize,
     node: &str,
     samples: &[S],
     ts_us: impl Fn(&S) -> i64,
@@ -174,7 +206,11 @@ fn append_all<S, R: Rows<S> + Default>(
     for s in samples {
         let key = PartitionKey::from_ts_us(ts_us(s))
             .expect("ValidBatch guarantees every timestamp has a partition");
-        partitions.entry(key).or_default().push(node, s);
+        let room = if partitions.is_empty() { room } else { 0 };
+        partitions
+            .entry(key)
+            .or_insert_with(|| R::with_capacity(room))
+            .push(node, s);
     }
 }
 
@@ -195,6 +231,7 @@ fn finish_all<S, R: Rows<S>>(
 
 /// A table's row builder (declared in `gputel_schemas`) for rows of `S`.
 trait Rows<S> {
+    fn with_capacity(rows: usize) -> Self;
     fn push(&mut self, node: &str, sample: &S);
     /// The columns, in schema order.
     fn finish(&mut self) -> Vec<ArrayRef>;
@@ -203,6 +240,9 @@ trait Rows<S> {
 macro_rules! rows_of {
     ($($rows:ty => $sample:ty),* $(,)?) => {$(
         impl Rows<$sample> for $rows {
+            fn with_capacity(rows: usize) -> Self {
+                <$rows>::with_capacity(rows)
+            }
             fn push(&mut self, node: &str, sample: &$sample) {
                 <$rows>::push(self, node, sample);
             }
@@ -223,10 +263,76 @@ rows_of!(
 
 /// An agent's events are GPU events.
 impl Rows<GpuEvent> for EventRows {
+    fn with_capacity(rows: usize) -> Self {
+        EventRows::with_capacity(rows)
+    }
     fn push(&mut self, node: &str, event: &GpuEvent) {
         EventRows::push(self, node, &EventSource::Gpu(event));
     }
     fn finish(&mut self) -> Vec<ArrayRef> {
         EventRows::finish(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use gputel_proto::Batch;
+
+    use super::*;
+    use crate::validate::validate_batch;
+
+    /// Rows of 8 GPUs and a node every second for `ticks` seconds from
+    /// 10:59:00, so the last minute falls in the next hour's partition.
+    fn fill(buffer: &mut WriteBuffer, ticks: i64) {
+        let start_us = 1_795_172_340_000_000; // 2026-11-20T10:59:00Z
+        for t in 0..ticks {
+            let ts_us = start_us + t * 1_000_000;
+            let batch = Batch {
+                seq: t as u64 + 1,
+                gpu: (0..8)
+                    .map(|gpu| GpuSample {
+                        ts_us,
+                        gpu,
+                        uuid: format!("GPU-{gpu}"),
+                        gpu_util_pct: Some((t as u32 + gpu) % 101),
+                        ..Default::default()
+                    })
+                    .collect(),
+                node: vec![NodeSample {
+                    ts_us,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            };
+            let valid = validate_batch(&batch, ts_us).expect("valid");
+            buffer.append("node-a", valid);
+        }
+    }
+
+    /// The buffer after a flush starts with room for the rows the one
+    /// before took, and holds exactly what it is given, in both partitions.
+    #[test]
+    fn a_successor_sized_like_its_predecessor_takes_the_same_rows() {
+        let mut first = WriteBuffer::default();
+        fill(&mut first, 120);
+        let mut second = first.successor();
+        assert_eq!((second.room.gpu, second.room.node), (960, 120));
+        let taken = first.take().expect("take");
+        fill(&mut second, 120);
+        assert_eq!(second.rows(), 1080);
+        let again = second.take().expect("take");
+        let hours: Vec<_> = taken
+            .iter()
+            .map(|(t, k, b)| (*t, *k, b.num_rows()))
+            .collect();
+        assert_eq!(
+            hours
+                .iter()
+                .filter(|(t, ..)| *t == Table::Gpu)
+                .map(|h| h.2)
+                .collect::<Vec<_>>(),
+            [480, 480]
+        );
+        assert_eq!(taken, again);
     }
 }

@@ -128,7 +128,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let min_free = config
         .wal_min_free_bytes
         .unwrap_or_else(|| wal::default_min_free_bytes(total));
-    wal.set_min_free_bytes(min_free);
+    wal.set_min_free_bytes(min_free)?;
     info!(
         wal = %config.wal_dir.display(),
         free_bytes = free,

@@ -130,13 +130,23 @@ pub struct Wal {
     dir: PathBuf,
     state: WalState,
     segment: u64,
-    /// The current segment, appended with one write per record, so a failed
-    /// write can only tear that record.
+    /// The current segment. Records are framed into `pending` and written
+    /// together, one write per sync (group commit) rather than one per
+    /// batch; a failed write is cut off, so it tears none of the records
+    /// before it.
     file: File,
     /// A second handle on it, for syncing without the caller's lock.
     sync_handle: File,
     /// Bytes of whole records in the current segment.
     written: u64,
+    /// Framed records appended but not yet written to the segment.
+    pending: Vec<u8>,
+    /// The last write of `pending` failed: it is retried before anything
+    /// more is taken in, so the log refuses batches while it cannot write.
+    write_failed: bool,
+    /// Free bytes on the log's volume when last looked at, less what was
+    /// written since: the watermark check costs no system call per batch.
+    free_estimate: u64,
     /// Segments closed because a write failed; their records are in the
     /// buffer and must be released with it.
     closed_on_error: Vec<u64>,
@@ -145,6 +155,10 @@ pub struct Wal {
     /// are refused (0: never).
     min_free: u64,
 }
+
+/// Appended records are written at the latest once they take this much,
+/// even before the next sync asks for them.
+const MAX_PENDING_BYTES: usize = 1 << 20;
 
 /// Free and total bytes of the file system holding `dir`, as an unprivileged
 /// writer sees them (blocks reserved for root are not free).
@@ -290,6 +304,9 @@ impl Wal {
             file,
             sync_handle,
             written: 0,
+            pending: Vec::new(),
+            write_failed: false,
+            free_estimate: 0,
             closed_on_error: Vec::new(),
             dirty: false,
             min_free: 0,
@@ -338,20 +355,26 @@ impl Wal {
     /// Whether the segment being written holds any record; one that holds
     /// none is not worth closing.
     pub fn holds_records(&self) -> bool {
-        self.written > 0
+        self.written > 0 || !self.pending.is_empty()
     }
 
     /// Whether the records written since the last flush took their buffer
     /// reach [`FLUSH_AT_MIN_FREE_TIMES`] the bytes kept free: flushed now,
     /// their Parquet files (a fraction of their size) fit in the room kept.
     pub fn wants_flush(&self) -> bool {
-        self.min_free > 0 && self.written >= self.min_free.saturating_mul(FLUSH_AT_MIN_FREE_TIMES)
+        self.min_free > 0
+            && self.written + self.pending.len() as u64
+                >= self.min_free.saturating_mul(FLUSH_AT_MIN_FREE_TIMES)
     }
 
     /// Keeps `bytes` free on the log's volume: from now on a batch that would
     /// leave less is refused with [`WalError::LowSpace`]. 0 turns it off.
-    pub fn set_min_free_bytes(&mut self, bytes: u64) {
+    pub fn set_min_free_bytes(&mut self, bytes: u64) -> Result<(), WalError> {
         self.min_free = bytes;
+        if bytes > 0 {
+            self.free_estimate = volume_space(&self.dir)?.0;
+        }
+        Ok(())
     }
 
     /// Appends an agent's batch, given as its encoding (the bytes the agent
@@ -371,14 +394,20 @@ impl Wal {
             payload.extend_from_slice(bytes);
         }
         if self.min_free > 0 {
-            let (free, _) = volume_space(&self.dir)?;
-            let needed = payload.len() as u64 + framing::HEADER_BYTES as u64;
-            if free < self.min_free.saturating_add(needed) {
-                return Err(WalError::LowSpace {
-                    dir: self.dir.clone(),
-                    free,
-                    min_free: self.min_free,
-                });
+            let needed = self.min_free.saturating_add(
+                (self.pending.len() + payload.len() + framing::HEADER_BYTES) as u64,
+            );
+            // Looked at again only when the estimate says no: room may have
+            // come back since (segments released, files moved away).
+            if self.free_estimate < needed {
+                self.free_estimate = volume_space(&self.dir)?.0;
+                if self.free_estimate < needed {
+                    return Err(WalError::LowSpace {
+                        dir: self.dir.clone(),
+                        free: self.free_estimate,
+                        min_free: self.min_free,
+                    });
+                }
             }
         }
         self.append_payload(&payload)
@@ -405,17 +434,40 @@ impl Wal {
     }
 
     fn append_payload(&mut self, payload: &[u8]) -> Result<(), WalError> {
-        let path = segment_path(&self.dir, self.segment);
-        let framed = framing::frame(payload).map_err(|e| WalError::Corrupt {
-            path: path.clone(),
-            offset: 0,
+        if self.write_failed {
+            self.write_pending()?;
+        }
+        let start = self.pending.len();
+        framing::frame_into(payload, &mut self.pending).map_err(|e| WalError::Corrupt {
+            path: segment_path(&self.dir, self.segment),
+            offset: self.written + start as u64,
             reason: e.to_string(),
         })?;
-        if let Err(e) = self.file.write_all(&framed) {
-            // Cut the partial record off, so no later record follows a torn
-            // one; should that fail too, later records go to a fresh segment.
+        if self.pending.len() >= MAX_PENDING_BYTES {
+            self.write_pending()?;
+        }
+        Ok(())
+    }
+
+    /// Writes the records appended since the last write, in one write.
+    fn write_pending(&mut self) -> Result<(), WalError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let path = segment_path(&self.dir, self.segment);
+        if let Err(e) = self.file.write_all(&self.pending) {
+            self.write_failed = true;
+            // Cut the partial write off, so no later record follows a torn
+            // one; should that fail too, the records go to a fresh segment.
             if self.file.set_len(self.written).is_err() {
-                match self.rotate() {
+                // What the segment holds is synced first: it may be
+                // acknowledged once its rows are stored.
+                let closed = self
+                    .sync_handle
+                    .sync_data()
+                    .map_err(io(&path))
+                    .and_then(|()| self.rotate_unsynced());
+                match closed {
                     Ok(closed) => self.closed_on_error.push(closed),
                     Err(rotate) => {
                         tracing::error!(error = %rotate, "cannot start a new log segment either");
@@ -424,7 +476,13 @@ impl Wal {
             }
             return Err(io(&path)(e));
         }
-        self.written += framed.len() as u64;
+        let bytes = self.pending.len() as u64;
+        self.written += bytes;
+        self.free_estimate = self.free_estimate.saturating_sub(bytes);
+        self.pending.clear();
+        // A burst's buffer is not kept for ever.
+        self.pending.shrink_to(MAX_PENDING_BYTES);
+        self.write_failed = false;
         self.dirty = true;
         Ok(())
     }
@@ -441,6 +499,10 @@ impl Wal {
     /// A handle to fsync (outside any lock) that makes every record appended
     /// so far durable; None when nothing was appended since the last one.
     pub fn prepare_sync(&mut self) -> Result<Option<File>, WalError> {
+        self.write_pending()?;
+        if self.min_free > 0 {
+            self.free_estimate = volume_space(&self.dir)?.0;
+        }
         if !self.dirty {
             return Ok(None);
         }
@@ -454,12 +516,18 @@ impl Wal {
     /// closed segment's number.
     pub fn rotate(&mut self) -> Result<u64, WalError> {
         self.sync()?;
+        self.rotate_unsynced()
+    }
+
+    /// Closes the current segment without syncing it and starts the next.
+    fn rotate_unsynced(&mut self) -> Result<u64, WalError> {
         let closed = self.segment;
         let (file, sync_handle) = create_segment(&self.dir, closed + 1)?;
         self.segment = closed + 1;
         self.file = file;
         self.sync_handle = sync_handle;
         self.written = 0;
+        self.dirty = false;
         Ok(closed)
     }
 
@@ -1089,6 +1157,35 @@ mod tests {
         assert!(replayed.torn_bytes > 0);
     }
 
+    /// Records are written together when a sync asks for them (one write
+    /// per group, not per batch) and read back in order; a burst larger
+    /// than the pending bound is written without waiting for the sync.
+    #[test]
+    fn appended_records_are_written_together_at_the_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut wal, _) = Wal::open(dir.path()).unwrap();
+        let path = segment_path(dir.path(), wal.segment());
+        for seq in 1..=3 {
+            append(&mut wal, &record("a", seq)).unwrap();
+        }
+        assert_eq!(fs::metadata(&path).unwrap().len(), 0);
+        assert!(wal.holds_records());
+        wal.sync().unwrap();
+        let synced = fs::metadata(&path).unwrap().len();
+        assert!(synced > 0);
+        let mut records = Vec::new();
+        let scan = scan_segment(&fs::read(&path).unwrap(), &mut records, &mut Vec::new());
+        assert!(scan.damaged.is_empty() && scan.tail.is_none());
+        assert_eq!(
+            seqs(&records),
+            [("a".into(), 1), ("a".into(), 2), ("a".into(), 3)]
+        );
+
+        let big = vec![7u8; MAX_PENDING_BYTES];
+        wal.append_batch("a", "n1", &big).unwrap();
+        assert!(fs::metadata(&path).unwrap().len() > synced + big.len() as u64);
+    }
+
     /// One record damaged in the middle of the log (four bytes flipped in
     /// record 51 of 100, as a bad block would) costs that record only: the
     /// 99 others are replayed, the damaged bytes are kept in quarantine, and
@@ -1102,6 +1199,8 @@ mod tests {
         for seq in 1..=100 {
             offsets.push(fs::metadata(&path).unwrap().len());
             append(&mut wal, &record("a", seq)).unwrap();
+            // Written at each sync: the file's length is the next offset.
+            wal.sync().unwrap();
         }
         wal.sync().unwrap();
         let segment = wal.segment();
@@ -1150,6 +1249,7 @@ mod tests {
         let (mut wal, _) = Wal::open(dir.path()).unwrap();
         let path = segment_path(dir.path(), wal.segment());
         append(&mut wal, &record("a", 1)).unwrap();
+        wal.sync().unwrap();
         let damaged_at = fs::metadata(&path).unwrap().len() as usize;
         append(&mut wal, &record("a", 2)).unwrap();
         let silent = NodeEvent {

@@ -736,8 +736,9 @@ impl WritePath {
             .min()
             .copied()
             .unwrap_or(state.wal.segment());
+        let next = state.buffer.successor();
         Ok(Taken {
-            buffer: std::mem::take(&mut state.buffer),
+            buffer: std::mem::replace(&mut state.buffer, next),
             stem: format!("{}-{first:016}", state.wal.collector_id()),
             segments,
         })

@@ -49,19 +49,26 @@ impl std::error::Error for Damage {}
 
 /// The payload with its header, ready to append.
 pub fn frame(payload: &[u8]) -> Result<Vec<u8>, TooLarge> {
-    if payload.len() > MAX_RECORD_BYTES {
-        return Err(TooLarge {
-            bytes: payload.len(),
-        });
-    }
-    let len = u32::try_from(payload.len()).map_err(|_| TooLarge {
-        bytes: payload.len(),
-    })?;
     let mut framed = Vec::with_capacity(HEADER_BYTES + payload.len());
-    framed.extend_from_slice(&len.to_le_bytes());
-    framed.extend_from_slice(&XxHash64::oneshot(0, payload).to_le_bytes());
-    framed.extend_from_slice(payload);
+    frame_into(payload, &mut framed)?;
     Ok(framed)
+}
+
+/// Appends the payload with its header to `out`, which holds records to be
+/// written together; `out` is unchanged when the payload is too large.
+pub fn frame_into(payload: &[u8], out: &mut Vec<u8>) -> Result<(), TooLarge> {
+    let too_large = TooLarge {
+        bytes: payload.len(),
+    };
+    if payload.len() > MAX_RECORD_BYTES {
+        return Err(too_large);
+    }
+    let len = u32::try_from(payload.len()).map_err(|_| too_large)?;
+    out.reserve(HEADER_BYTES + payload.len());
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&XxHash64::oneshot(0, payload).to_le_bytes());
+    out.extend_from_slice(payload);
+    Ok(())
 }
 
 /// The record at the start of `bytes`: its payload and the bytes it takes

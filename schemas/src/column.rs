@@ -129,6 +129,11 @@ pub trait ColumnKind {
     type Builder: Default;
     /// The column's Arrow field.
     fn field(name: &'static str) -> Field;
+    /// A builder with room for `rows` values, so that filling it copies
+    /// nothing: the buffer of a flush is sized like the one before.
+    fn builder(_rows: usize) -> Self::Builder {
+        Self::Builder::default()
+    }
     /// Whether the value can be stored; the message names the row and column.
     fn check(
         _row: RowContext,
@@ -163,13 +168,22 @@ pub struct TimestampBuilder(TimestampMicrosecondBuilder);
 
 impl Default for TimestampBuilder {
     fn default() -> Self {
-        TimestampBuilder(TimestampMicrosecondBuilder::new().with_timezone("UTC"))
+        TimestampBuilder::with_capacity(0)
+    }
+}
+
+impl TimestampBuilder {
+    fn with_capacity(rows: usize) -> Self {
+        TimestampBuilder(TimestampMicrosecondBuilder::with_capacity(rows).with_timezone("UTC"))
     }
 }
 
 impl ColumnKind for Timestamp {
     type Value<'a> = i64;
     type Builder = TimestampBuilder;
+    fn builder(rows: usize) -> TimestampBuilder {
+        TimestampBuilder::with_capacity(rows)
+    }
     fn field(name: &'static str) -> Field {
         Field::new(name, timestamp_type(), false)
     }
@@ -194,6 +208,9 @@ impl ColumnKind for Timestamp {
 impl ColumnKind for OtherTimestamp {
     type Value<'a> = i64;
     type Builder = TimestampBuilder;
+    fn builder(rows: usize) -> TimestampBuilder {
+        TimestampBuilder::with_capacity(rows)
+    }
     fn field(name: &'static str) -> Field {
         Timestamp::field(name)
     }
@@ -206,6 +223,12 @@ impl ColumnKind for OtherTimestamp {
 }
 
 type Dictionary = StringDictionaryBuilder<Int32Type>;
+
+/// A dictionary builder with room for `rows` keys; the distinct values of a
+/// flush (nodes, models, jobs) are few.
+fn dictionary(rows: usize) -> Dictionary {
+    Dictionary::with_capacity(rows, 256, 8192)
+}
 
 fn dictionary_field(name: &'static str, nullable: bool) -> Field {
     Field::new_dictionary(name, DataType::Int32, DataType::Utf8, nullable)
@@ -222,6 +245,9 @@ pub enum OptLabel {}
 impl ColumnKind for Label {
     type Value<'a> = &'a str;
     type Builder = Dictionary;
+    fn builder(rows: usize) -> Dictionary {
+        dictionary(rows)
+    }
     fn field(name: &'static str) -> Field {
         dictionary_field(name, false)
     }
@@ -239,6 +265,9 @@ impl ColumnKind for Label {
 impl ColumnKind for OptLabel {
     type Value<'a> = Option<&'a str>;
     type Builder = Dictionary;
+    fn builder(rows: usize) -> Dictionary {
+        dictionary(rows)
+    }
     fn field(name: &'static str) -> Field {
         dictionary_field(name, true)
     }
@@ -328,6 +357,9 @@ macro_rules! number_kind {
         impl ColumnKind for $kind {
             type Value<'a> = $value;
             type Builder = $builder;
+            fn builder(rows: usize) -> $builder {
+                <$builder>::with_capacity(rows)
+            }
             fn field(name: &'static str) -> Field {
                 Field::new(name, $data_type, $nullable)
             }

@@ -179,6 +179,13 @@ macro_rules! table {
                 Ok(())
             }
 
+            /// An empty builder with room for `rows` rows.
+            pub fn with_capacity(rows: usize) -> Self {
+                Self {
+                    $($col: <$kind as ColumnKind>::builder(rows),)*
+                }
+            }
+
             /// Appends one row that passed [`Self::check`].
             pub fn push(&mut self, $node: &str, $s: &$source) {
                 $(<$kind as ColumnKind>::put(&mut self.$col, $value);)*
