@@ -147,11 +147,18 @@ impl WriteBuffer {
         }
     }
 
-    /// An empty buffer that makes room, as it fills, for as many rows of
-    /// each big table as this one took.
+    /// An empty buffer with room for as many rows of each big table as this
+    /// one took, and a quarter more.
     pub fn successor(&self) -> WriteBuffer {
+        // A quarter more, as the next flush may come a little later: growing
+        // a full buffer copies all of it.
+        let more = |rows: usize| rows + rows / 4;
         WriteBuffer {
-            room: self.appended,
+            room: Sizes {
+                gpu: more(self.appended.gpu),
+                node: more(self.appended.node),
+                ib: more(self.appended.ib),
+            },
             ..WriteBuffer::default()
         }
     }
@@ -316,7 +323,7 @@ mod tests {
         let mut first = WriteBuffer::default();
         fill(&mut first, 120);
         let mut second = first.successor();
-        assert_eq!((second.room.gpu, second.room.node), (960, 120));
+        assert_eq!((second.room.gpu, second.room.node), (1200, 150));
         let taken = first.take().expect("take");
         fill(&mut second, 120);
         assert_eq!(second.rows(), 1080);
