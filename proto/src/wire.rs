@@ -14,7 +14,7 @@ use std::mem::size_of;
 use bytes::{Buf, Bytes};
 use prost::encoding::{WireType, decode_key, decode_varint};
 use tonic::Status;
-use tonic::codec::{Codec, DecodeBuf, Decoder};
+use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
 use tonic_prost::ProstEncoder;
 
 use crate::v1::{
@@ -30,6 +30,17 @@ pub struct RawAgentMessage(pub Bytes);
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CollectorCodec;
 
+/// Each stream's encode and decode buffers start at this size and grow by
+/// it (tonic's default is 8 KiB each): a collector holds one stream per
+/// agent, acks take a few bytes and a batch of 8 GPUs a few KiB, so the
+/// default's 16 KiB a stream is mostly empty at 1000 agents.
+pub const STREAM_BUFFER_BYTES: usize = 2048;
+
+fn buffer_settings() -> BufferSettings {
+    // Acks are sent as they come; there is rarely more than one to batch.
+    BufferSettings::new(STREAM_BUFFER_BYTES, 8 * STREAM_BUFFER_BYTES)
+}
+
 impl Codec for CollectorCodec {
     type Encode = CollectorMessage;
     type Decode = RawAgentMessage;
@@ -37,7 +48,7 @@ impl Codec for CollectorCodec {
     type Decoder = RawDecoder;
 
     fn encoder(&mut self) -> Self::Encoder {
-        ProstEncoder::default()
+        ProstEncoder::new(buffer_settings())
     }
 
     fn decoder(&mut self) -> Self::Decoder {
@@ -55,6 +66,10 @@ impl Decoder for RawDecoder {
 
     fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<Self::Item>, Self::Error> {
         Ok(Some(RawAgentMessage(buf.copy_to_bytes(buf.remaining()))))
+    }
+
+    fn buffer_settings(&self) -> BufferSettings {
+        buffer_settings()
     }
 }
 
