@@ -2,12 +2,14 @@
 //! page.
 //!
 //! `flate2::write::GzEncoder` allocates its compressor for every stream:
-//! miniz_oxide's hash chains, window and symbol buffer, about 230 KB, which
-//! the kernel maps in anew each time. For a page a second that was ~29 page
+//! hash chains, window and symbol buffer, a few hundred KB, which the
+//! kernel maps in anew each time. For a page a second that was ~29 page
 //! faults and 0.18 ms of system CPU per gzip scrape, as much as the
 //! compression itself (`benches/scripts/metrics-scrape.sh`). `Compress`
 //! resets without reallocating; the gzip framing around its raw deflate
-//! stream is a fixed header and a CRC-32 and length trailer.
+//! stream is a fixed header and a CRC-32 and length trailer. The deflate
+//! is zlib-rs (flate2's `zlib-rs` backend): on the 89 KB page at level 1,
+//! 50 µs against miniz_oxide's 76 µs (criterion `metrics_scrape/gzip`).
 
 use std::io;
 
@@ -108,16 +110,29 @@ mod tests {
         }
         let member = gzip.compress(&page).expect("compress");
         assert!(member.len() * 4 < page.len(), "{}", member.len());
-        // The bytes GzEncoder writes, at this level and others.
+        // GzEncoder's framing at this level and others: the same header and
+        // trailer (CRC-32, length) around a deflate stream of the same text
+        // (zlib-rs ends GzEncoder's stream with an empty final block, ours
+        // in one final block, so the streams differ by a byte). A reset
+        // compressor writes what a new one writes.
         for level in [1, 6, 9] {
             let mut encoder = flate2::write::GzEncoder::new(Vec::new(), Compression::new(level));
             std::io::Write::write_all(&mut encoder, &page).expect("compress");
             let theirs = encoder.finish().expect("compress");
             let mut ours = Gzip::new(level);
             ours.compress(&noise).expect("compress");
+            let reused = ours.compress(&page).expect("compress");
+            assert_eq!(reused[..10], theirs[..10], "header, level {level}");
             assert_eq!(
-                ours.compress(&page).expect("compress"),
-                theirs,
+                reused[reused.len() - 8..],
+                theirs[theirs.len() - 8..],
+                "trailer, level {level}"
+            );
+            assert_eq!(gunzip(&reused), page);
+            assert!(reused.len().abs_diff(theirs.len()) <= 8, "level {level}");
+            assert_eq!(
+                reused,
+                Gzip::new(level).compress(&page).expect("compress"),
                 "level {level}"
             );
         }
