@@ -160,6 +160,16 @@ pub struct Wal {
 /// even before the next sync asks for them.
 const MAX_PENDING_BYTES: usize = 1 << 20;
 
+impl Drop for Wal {
+    /// Records appended since the last sync were never acknowledged, but
+    /// are written anyway (not synced): a restart replays what it finds.
+    fn drop(&mut self) {
+        if !self.write_failed {
+            let _ = self.write_pending();
+        }
+    }
+}
+
 /// Free and total bytes of the file system holding `dir`, as an unprivileged
 /// writer sees them (blocks reserved for root are not free).
 pub fn volume_space(dir: &Path) -> Result<(u64, u64), WalError> {
@@ -433,8 +443,14 @@ impl Wal {
         self.append_payload(&record.encode_to_vec())
     }
 
+    /// Frames a record into `pending`. The records before it are written
+    /// first when the last write failed or they would take more than
+    /// [`MAX_PENDING_BYTES`] with it; if that write fails, this record is
+    /// refused and not logged (its batch is not taken in either).
     fn append_payload(&mut self, payload: &[u8]) -> Result<(), WalError> {
-        if self.write_failed {
+        if self.write_failed
+            || self.pending.len() + framing::HEADER_BYTES + payload.len() > MAX_PENDING_BYTES
+        {
             self.write_pending()?;
         }
         let start = self.pending.len();
@@ -442,11 +458,7 @@ impl Wal {
             path: segment_path(&self.dir, self.segment),
             offset: self.written + start as u64,
             reason: e.to_string(),
-        })?;
-        if self.pending.len() >= MAX_PENDING_BYTES {
-            self.write_pending()?;
-        }
-        Ok(())
+        })
     }
 
     /// Writes the records appended since the last write, in one write.
@@ -500,8 +512,11 @@ impl Wal {
     /// so far durable; None when nothing was appended since the last one.
     pub fn prepare_sync(&mut self) -> Result<Option<File>, WalError> {
         self.write_pending()?;
-        if self.min_free > 0 {
-            self.free_estimate = volume_space(&self.dir)?.0;
+        // Not a reason to hold acks back: the next batch's check looks again.
+        if self.min_free > 0
+            && let Ok((free, _)) = volume_space(&self.dir)
+        {
+            self.free_estimate = free;
         }
         if !self.dirty {
             return Ok(None);
@@ -1181,7 +1196,11 @@ mod tests {
             [("a".into(), 1), ("a".into(), 2), ("a".into(), 3)]
         );
 
-        let big = vec![7u8; MAX_PENDING_BYTES];
+        // A record that would take the pending records past their bound
+        // has them written first.
+        let big = vec![7u8; MAX_PENDING_BYTES / 2];
+        wal.append_batch("a", "n1", &big).unwrap();
+        assert_eq!(fs::metadata(&path).unwrap().len(), synced);
         wal.append_batch("a", "n1", &big).unwrap();
         assert!(fs::metadata(&path).unwrap().len() > synced + big.len() as u64);
     }
