@@ -209,7 +209,7 @@ impl ColumnKind for OtherTimestamp {
     type Value<'a> = i64;
     type Builder = TimestampBuilder;
     fn builder(rows: usize) -> TimestampBuilder {
-        TimestampBuilder::with_capacity(rows)
+        Timestamp::builder(rows)
     }
     fn field(name: &'static str) -> Field {
         Timestamp::field(name)
