@@ -132,7 +132,7 @@ fn checked_ib_sampler() -> IbSampler {
     }
     let out = tick.batch.ib;
     assert_eq!(out.len(), 4);
-    assert!(out.iter().all(|p| p.xmit_bytes_per_s.is_some()), "{out:?}");
+    assert!(out.iter().all(|p| p.xmit_bytes.is_some()), "{out:?}");
     sampler
 }
 

@@ -398,18 +398,42 @@ fn print_summary(batches: &[AgentBatch]) {
     let (p_lo, p_mean, p_hi) = stats(&|g| g.power_mw.map(|p| f64::from(p) / 1000.0));
     let (u_lo, u_mean, u_hi) = stats(&|g| g.gpu_util_pct.map(f64::from));
     let (c_lo, _, c_hi) = stats(&|g| g.sm_clock_mhz.map(f64::from));
-    let ib: Vec<f64> = batches
-        .iter()
-        .flat_map(|b| &b.batch.ib)
-        .filter_map(|p| p.xmit_bytes_per_s)
+    // Rates and shares from the first and last counters of each port and node.
+    let mut ports: BTreeMap<(&str, &str), [(i64, u64); 2]> = BTreeMap::new();
+    let mut hosts: BTreeMap<&str, [(u64, u64); 2]> = BTreeMap::new();
+    for b in batches {
+        for p in &b.batch.ib {
+            if let Some(v) = p.xmit_bytes {
+                let e = ports
+                    .entry((&b.node, &p.device))
+                    .or_insert([(p.ts_us, v); 2]);
+                e[1] = (p.ts_us, v);
+            }
+        }
+        for n in &b.batch.node {
+            let all = [
+                n.cpu_user_jiffies,
+                n.cpu_system_jiffies,
+                n.cpu_iowait_jiffies,
+                n.cpu_idle_jiffies,
+                n.cpu_steal_jiffies,
+            ];
+            if let (Some(user), Some(total)) = (n.cpu_user_jiffies, all.iter().copied().sum()) {
+                let e = hosts.entry(&b.node).or_insert([(user, total); 2]);
+                e[1] = (user, total);
+            }
+        }
+    }
+    let port_rates: Vec<f64> = ports
+        .values()
+        .filter(|[a, b]| b.0 > a.0)
+        .map(|[a, b]| (b.1 - a.1) as f64 / ((b.0 - a.0) as f64 / 1e6))
         .collect();
-    let ib_mean = ib.iter().sum::<f64>() / ib.len().max(1) as f64 / 1e9;
-    let cpu: Vec<f64> = batches
-        .iter()
-        .flat_map(|b| &b.batch.node)
-        .filter_map(|n| n.cpu_user_pct.map(f64::from))
-        .collect();
-    let cpu_mean = cpu.iter().sum::<f64>() / cpu.len().max(1) as f64;
+    let ib_mean = port_rates.iter().sum::<f64>() / port_rates.len().max(1) as f64 / 1e9;
+    let (user, total) = hosts
+        .values()
+        .fold((0, 0), |(u, t), [a, b]| (u + b.0 - a.0, t + b.1 - a.1));
+    let cpu_mean = 100.0 * user as f64 / total.max(1) as f64;
     println!(
         "data (min/mean/max): GPU temperature {t_lo:.0}/{t_mean:.1}/{t_hi:.0} °C, \
          power {p_lo:.0}/{p_mean:.0}/{p_hi:.0} W, utilization {u_lo:.0}/{u_mean:.0}/{u_hi:.0} %, \

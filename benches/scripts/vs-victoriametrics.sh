@@ -9,9 +9,11 @@
 #
 #   benches/scripts/vs-victoriametrics.sh [NODES] [realistic|noise]   # default 16 realistic
 #
-# A metric value is a non-null value of one of the columns the simulator
-# fills (13 per gpu row, 11 per node row, 9 per ib row; benches/README.md).
-# In VictoriaMetrics each column is a metric, labelled by node and GPU, or
+# A metric value is a non-null value of a numeric, non-key column (those
+# the simulator fills: 13 per gpu row, 12 per node row, 5 per ib row;
+# benches/README.md), read from the compacted file's own schema, so both
+# stores get the same columns: counters, not rates, where the table holds
+# counters. In VictoriaMetrics each column is a metric, labelled by node and GPU, or
 # by node, device and port; job ids are left out (as labels they would
 # only add series). Its size is its whole storage directory (data and
 # index) after a forced merge.
@@ -35,13 +37,30 @@ trap 'set +e; [[ -n ${VM_PID:-} ]] && kill "$VM_PID"; wait; rm -rf "$dir"; true'
 machine
 echo "VictoriaMetrics $(dpkg-query -W -f '${Version}' victoria-metrics 2>/dev/null || echo "(not from a Debian package)")"
 
-declare -A cols keys
-cols[gpu]="temperature_c memory_temperature_c power_mw energy_mj sm_clock_mhz memory_clock_mhz gpu_util_pct memory_copy_util_pct fb_used_bytes fb_free_bytes fb_total_bytes xid_count job_count"
+declare -A keys
 keys[gpu]="node gpu"
-cols[node]="cpu_count cpu_user_pct cpu_system_pct cpu_iowait_pct cpu_idle_pct memory_total_bytes memory_used_bytes memory_available_bytes load1 load5 load15"
 keys[node]="node"
-cols[ib]="rate_gbps xmit_bytes rcv_bytes xmit_packets rcv_packets xmit_bytes_per_s rcv_bytes_per_s xmit_packets_per_s rcv_packets_per_s"
 keys[ib]="node device port"
+
+# The metric columns of a file: numeric, not a key, with a value somewhere.
+metric_columns() { # FILE KEYS...
+  local file=$1 names counts
+  shift
+  local keys_in
+  keys_in=$(printf "'%s'," ts "$@")
+  names=$("$DUCKDB" -noheader -list -c "SELECT column_name FROM (DESCRIBE SELECT * FROM '$file')
+    WHERE (column_type IN ('TINYINT', 'SMALLINT', 'INTEGER', 'BIGINT', 'UTINYINT', 'USMALLINT',
+                           'UINTEGER', 'UBIGINT', 'FLOAT', 'DOUBLE')
+           OR column_type LIKE 'DECIMAL%')
+      AND column_name NOT IN (${keys_in%,})")
+  [[ -n $names ]] || die "$file: no numeric columns"
+  read -ra names <<<"$(echo $names)"
+  counts=$("$DUCKDB" -noheader -list -c "SELECT $(printf 'count(%s) > 0,' "${names[@]}" | sed 's/,$//') FROM '$file'")
+  IFS='|' read -ra counts <<<"$counts"
+  for i in "${!names[@]}"; do
+    [[ ${counts[$i]} == true ]] && printf '%s ' "${names[$i]}"
+  done
+}
 
 vm_port=$(free_port)
 victoria-metrics -storageDataPath "$dir/vm" -httpListenAddr "127.0.0.1:$vm_port" \
@@ -54,8 +73,9 @@ for t in gpu node ib; do
   files=("$compacted/$t"/date=*/hour=*/*.parquet)
   [[ ${#files[@]} -eq 1 ]] || die "$t: expected one compacted file, found ${#files[@]}"
   gputel_bytes[$t]=$(stat -c %s "${files[0]}")
-  read -ra c <<<"${cols[$t]}"
   read -ra k <<<"${keys[$t]}"
+  read -ra c <<<"$(metric_columns "${files[0]}" "${k[@]}")"
+  echo "$t: ${#c[@]} metric columns: ${c[*]}"
   count=$(printf 'count(%s)+' "${c[@]}")
   table_values[$t]=$("$DUCKDB" -noheader -list -c "SELECT ${count%+} FROM '${files[0]}'")
   # node, [gpu | device, port], time in ms, then the metrics; one CSV per table.

@@ -285,6 +285,8 @@ pub struct SimNode {
     gpus: Vec<GpuSim>,
     ports: Vec<PortSim>,
     mem_available_kib: f64,
+    /// CPU time since boot, in jiffies: user, system, iowait, idle, steal.
+    cpu_jiffies: [u64; 5],
     load: [f64; 3],
     values: Values,
 }
@@ -395,6 +397,14 @@ impl SimNode {
             gpus,
             ports,
             mem_available_kib: rng.range(1.80e9, 1.95e9),
+            // About nine days since boot, a third of it busy.
+            cpu_jiffies: {
+                let total = 9.0 * 86_400.0 * f64::from(CPUS * 100);
+                let mut share = |s: f64| (total * s * rng.range(0.9, 1.1)) as u64;
+                let (user, system, iowait) = (share(0.3), share(0.05), share(0.005));
+                let idle = total as u64 - user - system - iowait;
+                [user, system, iowait, idle, 0]
+            },
             load: [if busy { 24.0 } else { 1.0 }; 3],
             values: Values::Realistic,
             rng,
@@ -493,9 +503,11 @@ impl SimNode {
                 }
             })
             .collect();
+        let cpu_before = self.cpu_jiffies;
         let node = self.node_sample(ts_us, dt, before_s, phase);
         let node = if noise {
-            node_noise(node, dt, &mut self.rng)
+            self.cpu_jiffies = cpu_before;
+            node_noise(node, &mut self.cpu_jiffies, dt, &mut self.rng)
         } else {
             node
         };
@@ -547,10 +559,10 @@ impl SimNode {
             ),
             Phase::Idle => (0.004 * rng.unit(), 0.003 * rng.unit(), 0.0),
         };
-        let jiffies = |share: f64| (total * share.max(0.0)).round();
+        let jiffies = |share: f64| (total * share.max(0.0)).round() as u64;
         let (user, system, iowait) = (jiffies(user), jiffies(system), jiffies(iowait));
-        let idle = total - user - system - iowait;
-        let pct = |part: f64| (100.0 * part / total) as f32;
+        let idle = (total as u64).saturating_sub(user + system + iowait);
+        let cpu = add_jiffies(&mut self.cpu_jiffies, [user, system, iowait, idle, 0]);
 
         // Page cache grows under training I/O and drops after checkpoints.
         let drift_kib = match phase {
@@ -579,17 +591,13 @@ impl SimNode {
         NodeSample {
             ts_us,
             cpu_count: CPUS,
-            cpu_user_pct: Some(pct(user)),
-            cpu_system_pct: Some(pct(system)),
-            cpu_iowait_pct: Some(pct(iowait)),
-            cpu_idle_pct: Some(pct(idle)),
             memory_total_bytes: Some(total_bytes),
             memory_used_bytes: Some(total_bytes - available),
             memory_available_bytes: Some(available),
             load1: Some(two_decimals(self.load[0])),
             load5: Some(two_decimals(self.load[1])),
             load15: Some(two_decimals(self.load[2])),
-            ..NodeSample::default()
+            ..cpu
         }
     }
 }
@@ -705,7 +713,7 @@ impl PortSim {
             rate_gbps: Some(400.0),
             ..IbPortSample::default()
         };
-        self.advance([xmit, rcv, xmit_packets, rcv_packets], dt, sample)
+        self.advance([xmit, rcv, xmit_packets, rcv_packets], sample)
     }
 }
 
@@ -745,26 +753,45 @@ fn idle_port_bytes(dt: f64, rng: &mut Rng) -> f64 {
     }
 }
 
-/// [`Values::Noise`]: a node row's gauges drawn uniformly over their range.
-fn node_noise(sample: NodeSample, dt: f64, rng: &mut Rng) -> NodeSample {
-    let total = (f64::from(CPUS * 100) * dt).round();
+/// Adds one tick's jiffies (user, system, iowait, idle, steal) to the
+/// node's counters: a row with those counters in its CPU fields.
+fn add_jiffies(counters: &mut [u64; 5], tick: [u64; 5]) -> NodeSample {
+    for (c, t) in counters.iter_mut().zip(tick) {
+        *c += t;
+    }
+    let [user, system, iowait, idle, steal] = counters.map(Some);
+    NodeSample {
+        cpu_user_jiffies: user,
+        cpu_system_jiffies: system,
+        cpu_iowait_jiffies: iowait,
+        cpu_idle_jiffies: idle,
+        cpu_steal_jiffies: steal,
+        ..NodeSample::default()
+    }
+}
+
+/// [`Values::Noise`]: a node row's gauges drawn uniformly over their range,
+/// its CPU time split between the modes at random.
+fn node_noise(sample: NodeSample, cpu: &mut [u64; 5], dt: f64, rng: &mut Rng) -> NodeSample {
+    let total = (f64::from(CPUS * 100) * dt).round() as u64;
     let mut left = total;
     let mut jiffies = || {
-        let part = (rng.unit() * left).round();
+        let part = (rng.unit() * left as f64).round() as u64;
         left -= part;
         part
     };
-    let (user, system, iowait) = (jiffies(), jiffies(), jiffies());
-    let idle = total - user - system - iowait;
-    let pct = |part: f64| (100.0 * part / total) as f32;
+    let (user, system, iowait, steal) = (jiffies(), jiffies(), jiffies(), jiffies());
+    let idle = total - user - system - iowait - steal;
+    let cpu = add_jiffies(cpu, [user, system, iowait, idle, steal]);
     let total_bytes = MEM_TOTAL_KIB * 1024;
     let available = rng.range(0.0, MEM_TOTAL_KIB as f64) as u64 * 1024;
     let mut load = || Some((rng.range(0.0, f64::from(CPUS)) * 100.0).round() as f32 / 100.0);
     NodeSample {
-        cpu_user_pct: Some(pct(user)),
-        cpu_system_pct: Some(pct(system)),
-        cpu_iowait_pct: Some(pct(iowait)),
-        cpu_idle_pct: Some(pct(idle)),
+        cpu_user_jiffies: cpu.cpu_user_jiffies,
+        cpu_system_jiffies: cpu.cpu_system_jiffies,
+        cpu_iowait_jiffies: cpu.cpu_iowait_jiffies,
+        cpu_idle_jiffies: cpu.cpu_idle_jiffies,
+        cpu_steal_jiffies: cpu.cpu_steal_jiffies,
         memory_used_bytes: Some(total_bytes - available),
         memory_available_bytes: Some(available),
         load1: load(),
@@ -803,14 +830,8 @@ impl GpuSim {
 
 impl PortSim {
     /// Adds one tick's bytes and packets (transmitted, received) to the
-    /// counters: `sample` with the counters and the tick's rates (ticks are
-    /// exactly `dt` apart).
-    fn advance(
-        &mut self,
-        [xmit, rcv, xp, rp]: [u64; 4],
-        dt: f64,
-        sample: IbPortSample,
-    ) -> IbPortSample {
+    /// counters: `sample` with the counters.
+    fn advance(&mut self, [xmit, rcv, xp, rp]: [u64; 4], sample: IbPortSample) -> IbPortSample {
         self.xmit_bytes += xmit;
         self.rcv_bytes += rcv;
         self.xmit_packets += xp;
@@ -820,10 +841,6 @@ impl PortSim {
             rcv_bytes: Some(self.rcv_bytes),
             xmit_packets: Some(self.xmit_packets),
             rcv_packets: Some(self.rcv_packets),
-            xmit_bytes_per_s: Some(xmit as f64 / dt),
-            rcv_bytes_per_s: Some(rcv as f64 / dt),
-            xmit_packets_per_s: Some(xp as f64 / dt),
-            rcv_packets_per_s: Some(rp as f64 / dt),
             ..sample
         }
     }
@@ -847,13 +864,13 @@ impl PortSim {
     }
 
     /// [`Values::Noise`]: the counters grown by a uniform random amount, up
-    /// to 400 Gb/s in packets of 256 B to 4 KiB, and the rates to match.
+    /// to 400 Gb/s in packets of 256 B to 4 KiB.
     fn noise(&mut self, sample: IbPortSample, dt: f64, rng: &mut Rng) -> IbPortSample {
         let mut bytes = || 4 * (rng.range(0.0, 5.0e10 * dt) / 4.0) as u64;
         let (xmit, rcv) = (bytes(), bytes());
         let mut packets = |bytes: u64| (bytes as f64 / rng.range(256.0, 4096.0)) as u64;
         let (xmit_packets, rcv_packets) = (packets(xmit), packets(rcv));
-        self.advance([xmit, rcv, xmit_packets, rcv_packets], dt, sample)
+        self.advance([xmit, rcv, xmit_packets, rcv_packets], sample)
     }
 }
 
@@ -864,8 +881,8 @@ mod tests {
     #[test]
     fn a_row_of_each_table_holds_the_documented_metric_values() {
         assert_eq!(metric_columns(Table::Gpu).len(), 43);
-        assert_eq!(metric_columns(Table::Node).len(), 15);
-        assert_eq!(metric_columns(Table::Ib).len(), 33);
+        assert_eq!(metric_columns(Table::Node).len(), 16);
+        assert_eq!(metric_columns(Table::Ib).len(), 29);
     }
 
     #[test]
@@ -890,10 +907,6 @@ mod tests {
             }
             for (x, y) in a.batch.ib.iter().zip(&b.batch.ib) {
                 assert!(y.xmit_bytes >= x.xmit_bytes && y.rcv_packets >= x.rcv_packets);
-                assert_eq!(
-                    y.xmit_bytes_per_s,
-                    Some((y.xmit_bytes.unwrap() - x.xmit_bytes.unwrap()) as f64)
-                );
             }
         }
         let powers: Vec<u32> = noise
@@ -909,15 +922,19 @@ mod tests {
         );
         let (lo, hi) = (powers.iter().min().unwrap(), powers.iter().max().unwrap());
         assert!(*lo < 70_000 && *hi > 690_000, "{lo}..{hi}");
+        for node in ["gpu-node-001", "gpu-node-004"] {
+            let rows: Vec<&NodeSample> = noise
+                .iter()
+                .filter(|b| b.node == node)
+                .flat_map(|b| &b.batch.node)
+                .collect();
+            assert_eq!(rows.len(), 300, "{node}");
+            for pair in rows.windows(2) {
+                // Every second of 224 CPUs is in one mode or another.
+                assert_eq!(cpu_jiffies(pair[1]) - cpu_jiffies(pair[0]), 22_400);
+            }
+        }
         for n in noise.iter().flat_map(|b| &b.batch.node) {
-            let shares = [
-                n.cpu_user_pct,
-                n.cpu_system_pct,
-                n.cpu_iowait_pct,
-                n.cpu_idle_pct,
-            ];
-            let sum: f32 = shares.iter().map(|s| s.unwrap()).sum();
-            assert!((sum - 100.0).abs() < 0.01, "{sum}");
             assert_eq!(
                 n.memory_used_bytes.unwrap() + n.memory_available_bytes.unwrap(),
                 n.memory_total_bytes.unwrap()
@@ -1000,11 +1017,12 @@ mod tests {
                 .map(|(t, _, rb)| metric_values(*t, rb))
                 .sum()
         };
-        // The simulation fills 11 GPU metrics plus the XID and job counts, all 11 node
-        // metrics and 9 of the 21 IB metrics (not the error or driver counters).
+        // The simulation fills 11 GPU metrics plus the XID and job counts, 12 of
+        // the 16 node metrics (not RAPL's) and 5 of the 29 IB metrics (the link
+        // rate and the data and packet counters, not the error or driver counters).
         assert_eq!(
             values_of(&[Table::Gpu, Table::Node, Table::Ib]),
-            2400 * (8 * 13 + 11 + 4 * 9)
+            2400 * (8 * 13 + 12 + 4 * 5)
         );
         // Busy nodes' GPUs carry job ids, from which the collector derives `job` rows.
         let with_job = batches
@@ -1045,21 +1063,25 @@ mod tests {
                 assert_eq!(used, 15 * u64::from(y.power_mw.unwrap_or(0)));
             }
             for (x, y) in a.ib.iter().zip(&b.ib) {
-                let grown = y.xmit_bytes.unwrap_or(0) - x.xmit_bytes.unwrap_or(0);
-                assert_eq!(y.xmit_bytes_per_s, Some(grown as f64 / 15.0));
+                assert!(y.xmit_bytes >= x.xmit_bytes && y.rcv_packets >= x.rcv_packets);
             }
-            // 224 CPUs over 15 s: the shares still add up to all of them.
-            let n = &b.node[0];
-            let sum = [
-                n.cpu_user_pct,
-                n.cpu_system_pct,
-                n.cpu_iowait_pct,
-                n.cpu_idle_pct,
-            ]
-            .iter()
-            .map(|p| f64::from(p.unwrap_or(0.0)))
-            .sum::<f64>();
-            assert!((sum - 100.0).abs() < 0.01, "{sum}");
+            // 224 CPUs over 15 s, give or take the scheduler tick's jitter.
+            let grown = cpu_jiffies(&b.node[0]) - cpu_jiffies(&a.node[0]);
+            assert!(grown.abs_diff(224 * 100 * 15) < 100, "{grown}");
         }
+    }
+
+    /// All the CPU time a node row counts.
+    fn cpu_jiffies(n: &NodeSample) -> u64 {
+        [
+            n.cpu_user_jiffies,
+            n.cpu_system_jiffies,
+            n.cpu_iowait_jiffies,
+            n.cpu_idle_jiffies,
+            n.cpu_steal_jiffies,
+        ]
+        .iter()
+        .map(|j| j.unwrap())
+        .sum()
     }
 }

@@ -708,8 +708,8 @@ mod tests {
         assert_eq!(plan.concurrency, 100);
         assert_eq!(plan.node_name(0), "loadgen-001");
         assert_eq!(plan.node_name(99), "loadgen-100");
-        // 8 GPUs: 11 metrics plus the XID and job counts; node: 11; IB: 9 of 21.
-        assert_eq!(plan.values_per_row, [13, 11, 9]);
+        // 8 GPUs: 11 metrics plus the XID and job counts; node: 12 of 16; IB: 5 of 29.
+        assert_eq!(plan.values_per_row, [13, 12, 5]);
     }
 
     #[test]

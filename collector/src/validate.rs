@@ -239,7 +239,7 @@ mod tests {
             node: vec![NodeSample {
                 ts_us: NOW,
                 cpu_count: 8,
-                cpu_user_pct: Some(12.5),
+                cpu_user_jiffies: Some(12_500),
                 ..Default::default()
             }],
             ib: vec![IbPortSample {
@@ -402,19 +402,19 @@ mod tests {
         );
     }
 
-    /// Shares, loads, rates and powers cannot be negative: the refusal
+    /// Shares, loads, link rates and powers cannot be negative: the refusal
     /// names the row and column, as for any other bad value.
     #[test]
     fn negative_shares_rates_and_loads_are_refused() {
         let mut b = batch();
         b.node.push(NodeSample {
             ts_us: NOW + 1_000_000,
-            cpu_system_pct: Some(-0.5),
+            load5: Some(-0.5),
             ..b.node[0].clone()
         });
         assert_eq!(
             validate_batch(&b, NOW).unwrap_err().to_string(),
-            "node row 1: cpu_system_pct is negative"
+            "node row 1: load5 is negative"
         );
 
         let mut b = batch();
@@ -425,10 +425,10 @@ mod tests {
         );
 
         let mut b = batch();
-        b.ib[0].rcv_bytes_per_s = Some(-4096.0);
+        b.ib[0].rate_gbps = Some(-400.0);
         assert_eq!(
             validate_batch(&b, NOW).unwrap_err().to_string(),
-            "ib row 0: rcv_bytes_per_s is negative"
+            "ib row 0: rate_gbps is negative"
         );
 
         let mut b = batch();
@@ -440,8 +440,8 @@ mod tests {
 
         // Zero, negative zero included, is a valid share and rate.
         let mut b = batch();
-        b.node[0].cpu_iowait_pct = Some(-0.0);
-        b.ib[0].xmit_bytes_per_s = Some(0.0);
+        b.node[0].load1 = Some(-0.0);
+        b.ib[0].rate_gbps = Some(0.0);
         assert!(validate_batch(&b, NOW).is_ok());
     }
 

@@ -70,17 +70,19 @@ fn gpu(id: u32, gpu: u32, ts_us: i64) -> GpuSample {
     }
 }
 
-/// A node row; id 22 is a first tick (no CPU shares yet, no load average).
+/// A node row; id 22 could read neither `stat` nor `loadavg`.
 fn node(id: u32, ts_us: i64) -> NodeSample {
-    let first = id == 22;
-    let pct = |v: f32| if first { None } else { Some(v) };
+    let unread = id == 22;
+    let pct = |v: f32| if unread { None } else { Some(v) };
+    let jiffies = |v: u64| if unread { None } else { Some(v) };
     NodeSample {
         ts_us,
         cpu_count: 64 + id,
-        cpu_user_pct: pct(id as f32 + 0.5),
-        cpu_system_pct: pct(id as f32 + 0.25),
-        cpu_iowait_pct: pct(0.0),
-        cpu_idle_pct: pct(100.0 - id as f32 - 0.75),
+        cpu_user_jiffies: jiffies(u64::from(id) * 1_000_003),
+        cpu_system_jiffies: jiffies(u64::from(id) * 100_003),
+        cpu_iowait_jiffies: jiffies(0),
+        cpu_idle_jiffies: jiffies(u64::from(id) << 33),
+        cpu_steal_jiffies: jiffies(u64::from(id)),
         memory_total_bytes: Some(2_u64 << 40),
         memory_used_bytes: Some(u64::from(id) << 30),
         memory_available_bytes: Some((2_u64 << 40) - (u64::from(id) << 30)),
@@ -92,11 +94,9 @@ fn node(id: u32, ts_us: i64) -> NodeSample {
     }
 }
 
-/// An IB port row; id 30 is a first tick (no rates), id 32 a port that is down.
+/// An IB port row; id 32 is a port that is down.
 fn ib(id: u32, device: &str, port: u32, ts_us: i64) -> IbPortSample {
-    let rates = id != 30;
     let up = id != 32;
-    let rate = |v: f64| if rates && up { Some(v) } else { None };
     IbPortSample {
         ts_us,
         device: device.into(),
@@ -107,10 +107,6 @@ fn ib(id: u32, device: &str, port: u32, ts_us: i64) -> IbPortSample {
         rcv_bytes: up.then_some(u64::from(id) * 2_000_000_011),
         xmit_packets: up.then_some(u64::from(id) * 1_000),
         rcv_packets: up.then_some(u64::from(id) * 2_000),
-        xmit_bytes_per_s: rate(f64::from(id) * 1.5e9),
-        rcv_bytes_per_s: rate(f64::from(id) * 0.25e9),
-        xmit_packets_per_s: rate(f64::from(id) + 0.125),
-        rcv_packets_per_s: rate(0.0),
         ..IbPortSample::default()
     }
 }
@@ -435,11 +431,12 @@ async fn node_rows_round_trip_sorted_by_node_ts_with_nulls_kept() {
     assert_eq!(timestamps(&h5), vec![H5B, H5A]);
     assert_eq!(strings(&h5, "node"), vec!["node-a", "node-b"]);
     assert_eq!(i32s(&h5, "cpu_count"), vec![Some(86), Some(85)]);
-    // node-a's row is a first tick: CPU shares and load are absent, not 0.
-    assert_eq!(f32s(&h5, "cpu_user_pct"), vec![None, Some(21.5)]);
-    assert_eq!(f32s(&h5, "cpu_system_pct"), vec![None, Some(21.25)]);
-    assert_eq!(f32s(&h5, "cpu_iowait_pct"), vec![None, Some(0.0)]);
-    assert_eq!(f32s(&h5, "cpu_idle_pct"), vec![None, Some(78.25)]);
+    // node-a's row read neither stat nor loadavg: absent, not 0.
+    assert_eq!(i64s(&h5, "cpu_user_jiffies"), vec![None, Some(21_000_063)]);
+    assert_eq!(i64s(&h5, "cpu_system_jiffies"), vec![None, Some(2_100_063)]);
+    assert_eq!(i64s(&h5, "cpu_iowait_jiffies"), vec![None, Some(0)]);
+    assert_eq!(i64s(&h5, "cpu_idle_jiffies"), vec![None, Some(21 << 33)]);
+    assert_eq!(i64s(&h5, "cpu_steal_jiffies"), vec![None, Some(21)]);
     assert_eq!(
         i64s(&h5, "memory_total_bytes"),
         vec![Some(2_199_023_255_552), Some(2_199_023_255_552)]
@@ -463,8 +460,8 @@ async fn node_rows_round_trip_sorted_by_node_ts_with_nulls_kept() {
     assert_eq!(timestamps(&h6), vec![H6A]);
     assert_eq!(strings(&h6, "node"), vec!["node-b"]);
     assert_eq!(i32s(&h6, "cpu_count"), vec![Some(84)]);
-    assert_eq!(f32s(&h6, "cpu_user_pct"), vec![Some(20.5)]);
-    assert_eq!(f32s(&h6, "cpu_idle_pct"), vec![Some(79.25)]);
+    assert_eq!(i64s(&h6, "cpu_user_jiffies"), vec![Some(20_000_060)]);
+    assert_eq!(i64s(&h6, "cpu_idle_jiffies"), vec![Some(20 << 33)]);
     assert_eq!(f32s(&h6, "load1"), vec![Some(5.0)]);
     assert_eq!(f32s(&h6, "load15"), vec![None]);
 }
@@ -549,43 +546,12 @@ async fn ib_rows_round_trip_sorted_by_node_device_port_ts_with_nulls_kept() {
             Some(66_000)
         ]
     );
-    // id 30 is a first tick and id 32 is down: no rates, which is not a rate of 0.
-    assert_eq!(
-        f64s(&b, "xmit_bytes_per_s"),
-        vec![
-            Some(46.5e9),
-            None,
-            None,
-            Some(52.5e9),
-            Some(51e9),
-            Some(49.5e9)
-        ]
-    );
-    assert_eq!(
-        f64s(&b, "rcv_bytes_per_s"),
-        vec![
-            Some(7.75e9),
-            None,
-            None,
-            Some(8.75e9),
-            Some(8.5e9),
-            Some(8.25e9)
-        ]
-    );
-    assert_eq!(
-        f64s(&b, "xmit_packets_per_s"),
-        vec![
-            Some(31.125),
-            None,
-            None,
-            Some(35.125),
-            Some(34.125),
-            Some(33.125)
-        ]
-    );
-    assert_eq!(
-        f64s(&b, "rcv_packets_per_s"),
-        vec![Some(0.0), None, None, Some(0.0), Some(0.0), Some(0.0)]
+    // Rates are the views' to derive; the table holds counters only.
+    assert!(
+        b.schema()
+            .fields()
+            .iter()
+            .all(|f| !f.name().ends_with("_per_s"))
     );
 }
 

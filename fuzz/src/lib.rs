@@ -147,17 +147,16 @@ pub mod procfs {
             let [sample] = tick.batch.node.as_slice() else {
                 panic!("one node row per tick, got {}", tick.batch.node.len());
             };
-            for share in [
-                sample.cpu_user_pct,
-                sample.cpu_system_pct,
-                sample.cpu_iowait_pct,
-                sample.cpu_idle_pct,
-            ]
-            .into_iter()
-            .flatten()
-            {
-                assert!((0.0..=100.0).contains(&share), "CPU share {share}");
-            }
+            // A `stat` that parsed gives all five CPU counters, else none.
+            let counters = [
+                sample.cpu_user_jiffies,
+                sample.cpu_system_jiffies,
+                sample.cpu_iowait_jiffies,
+                sample.cpu_idle_jiffies,
+                sample.cpu_steal_jiffies,
+            ];
+            let present = counters.iter().filter(|c| c.is_some()).count();
+            assert!(present == 0 || present == 5, "{counters:?}");
         }
         let _ = owner_from_cgroup(&input.cgroup);
         if let Some(job) = slurm_job_from_environ(&input.environ) {
@@ -283,16 +282,9 @@ pub mod sysfs_ib {
             let mut tick = Tick::new(ts_us);
             sampler.sample(&mut tick);
             for sample in &tick.batch.ib {
-                for rate in [
-                    sample.xmit_bytes_per_s,
-                    sample.rcv_bytes_per_s,
-                    sample.xmit_packets_per_s,
-                    sample.rcv_packets_per_s,
-                ]
-                .into_iter()
-                .flatten()
-                {
-                    assert!(rate.is_finite() && rate >= 0.0, "rate {rate}");
+                // The data counters count 4-byte words; the rows hold bytes.
+                for bytes in [sample.xmit_bytes, sample.rcv_bytes].into_iter().flatten() {
+                    assert_eq!(bytes % 4, 0, "{bytes} bytes");
                 }
             }
             ts_us = ts_us.wrapping_add(port.step_us);

@@ -58,7 +58,70 @@ SET VARIABLE gputel_has_scheduler_job = gputel_has_files('scheduler_job');
 
 CREATE OR REPLACE VIEW gpu AS FROM gputel_scan('gpu');
 
-CREATE OR REPLACE VIEW node AS FROM gputel_scan('node');
+-- Rates and shares are not stored: the node and ib tables hold counters, and
+-- these views add what is derived from them, by the rules of
+-- schemas/src/derive.rs (which the fleet report uses):
+-- - each counter is compared with its own last non-null reading on the same
+--   node or port (a row whose file could not be read is skipped over);
+-- - a lower reading than the last is a reset, and the new value is the
+--   increase since it (as Prometheus' rate());
+-- - a legacy 32-bit IB counter stopped at 2^32 - 1 has no rate;
+-- - CPU shares need every group of jiffies to have grown or held.
+-- A first reading has nothing to compare with: null. The window spans each
+-- node's or port's whole history, so a filter on ts, date or hour is applied
+-- after it (the first row of a time range still has its share or rate).
+
+-- Per second from the previous reading (prev_v at prev_ts) to v at ts.
+CREATE OR REPLACE MACRO gputel_per_s(v, prev_v, ts, prev_ts, saturated) AS
+    CASE WHEN v IS DISTINCT FROM saturated AND ts > prev_ts
+         THEN (CASE WHEN v >= prev_v THEN v - prev_v ELSE v END) / epoch(ts - prev_ts)
+    END;
+
+-- The stored columns, then cpu_{user,system,iowait,idle,steal}_pct: shares
+-- of all CPUs' time since the node's previous row, in percent (they add up
+-- to 100); user is user + nice, system is system + irq + softirq. Files
+-- written before the counters (gputel before 2026-11-25) hold the first
+-- four shares themselves, and those are read as they are.
+CREATE OR REPLACE VIEW node AS
+WITH stored AS (
+    FROM gputel_scan('node')
+    -- Every column the shares need, null where no file has it.
+    UNION ALL BY NAME
+    SELECT NULL::BIGINT AS cpu_user_jiffies, NULL::BIGINT AS cpu_system_jiffies,
+           NULL::BIGINT AS cpu_iowait_jiffies, NULL::BIGINT AS cpu_idle_jiffies,
+           NULL::BIGINT AS cpu_steal_jiffies,
+           NULL::FLOAT AS cpu_user_pct, NULL::FLOAT AS cpu_system_pct,
+           NULL::FLOAT AS cpu_iowait_pct, NULL::FLOAT AS cpu_idle_pct
+    WHERE false
+),
+deltas AS (
+    SELECT *,
+        cpu_user_jiffies - lag(cpu_user_jiffies IGNORE NULLS) OVER w AS d_user,
+        cpu_system_jiffies - lag(cpu_system_jiffies IGNORE NULLS) OVER w AS d_system,
+        cpu_iowait_jiffies - lag(cpu_iowait_jiffies IGNORE NULLS) OVER w AS d_iowait,
+        cpu_idle_jiffies - lag(cpu_idle_jiffies IGNORE NULLS) OVER w AS d_idle,
+        cpu_steal_jiffies - lag(cpu_steal_jiffies IGNORE NULLS) OVER w AS d_steal
+    FROM stored
+    WINDOW w AS (PARTITION BY node ORDER BY ts)
+),
+totals AS (
+    SELECT *,
+        CASE WHEN least(d_user, d_system, d_iowait, d_idle, d_steal) >= 0
+             THEN d_user + d_system + d_iowait + d_idle + d_steal END AS d_total
+    FROM deltas
+)
+SELECT * EXCLUDE (d_user, d_system, d_iowait, d_idle, d_steal, d_total,
+                  cpu_user_pct, cpu_system_pct, cpu_iowait_pct, cpu_idle_pct),
+    coalesce(CASE WHEN d_total > 0 THEN 100.0 * d_user / d_total END, cpu_user_pct)
+        AS cpu_user_pct,
+    coalesce(CASE WHEN d_total > 0 THEN 100.0 * d_system / d_total END, cpu_system_pct)
+        AS cpu_system_pct,
+    coalesce(CASE WHEN d_total > 0 THEN 100.0 * d_iowait / d_total END, cpu_iowait_pct)
+        AS cpu_iowait_pct,
+    coalesce(CASE WHEN d_total > 0 THEN 100.0 * d_idle / d_total END, cpu_idle_pct)
+        AS cpu_idle_pct,
+    CASE WHEN d_total > 0 THEN 100.0 * d_steal / d_total END AS cpu_steal_pct
+FROM totals;
 
 -- Every event: a GPU's (xid, gpu_lost, thermal_throttle, power_throttle),
 -- or a whole node's (node_silent, node_back: raised by the collector, with a
@@ -95,34 +158,61 @@ CREATE OR REPLACE VIEW gpu_process AS FROM query(CASE WHEN getvariable('gputel_h
           LIMIT 0'
     END);
 
-CREATE OR REPLACE VIEW ib AS FROM query(CASE WHEN getvariable('gputel_has_ib')
-    THEN 'FROM gputel_scan(''ib'')'
-    ELSE 'SELECT NULL::TIMESTAMPTZ AS ts, NULL::VARCHAR AS node, NULL::VARCHAR AS device,
-                 NULL::INTEGER AS port, NULL::VARCHAR AS state, NULL::VARCHAR AS phys_state,
-                 NULL::VARCHAR AS link_layer, NULL::DOUBLE AS rate_gbps,
-                 NULL::BIGINT AS xmit_bytes, NULL::BIGINT AS rcv_bytes,
-                 NULL::BIGINT AS xmit_packets, NULL::BIGINT AS rcv_packets,
-                 NULL::DOUBLE AS xmit_bytes_per_s, NULL::DOUBLE AS rcv_bytes_per_s,
-                 NULL::DOUBLE AS xmit_packets_per_s, NULL::DOUBLE AS rcv_packets_per_s,
-                 NULL::BIGINT AS unicast_xmit_packets, NULL::BIGINT AS unicast_rcv_packets,
-                 NULL::BIGINT AS multicast_xmit_packets, NULL::BIGINT AS multicast_rcv_packets,
-                 NULL::BIGINT AS symbol_error, NULL::BIGINT AS link_downed,
-                 NULL::BIGINT AS link_error_recovery, NULL::BIGINT AS port_rcv_errors,
-                 NULL::BIGINT AS port_xmit_discards, NULL::BIGINT AS port_xmit_wait,
-                 NULL::BIGINT AS port_rcv_discards, NULL::BIGINT AS port_rcv_constraint_errors,
-                 NULL::BIGINT AS port_xmit_constraint_errors,
-                 NULL::BIGINT AS port_rcv_remote_physical_errors,
-                 NULL::BIGINT AS port_rcv_switch_relay_errors,
-                 NULL::BIGINT AS local_link_integrity_errors,
-                 NULL::BIGINT AS excessive_buffer_overrun_errors, NULL::BIGINT AS vl15_dropped,
-                 NULL::BIGINT AS hw_out_of_buffer, NULL::BIGINT AS hw_out_of_sequence,
-                 NULL::BIGINT AS hw_packet_seq_err, NULL::BIGINT AS hw_local_ack_timeout_err,
-                 NULL::BIGINT AS hw_rnr_nak_retry_err, NULL::BIGINT AS hw_implied_nak_seq_err,
-                 NULL::VARCHAR AS board_id, NULL::VARCHAR AS fw_ver, NULL::VARCHAR AS hca_type,
-                 NULL::VARCHAR AS node_guid,
-                 NULL::DATE AS date, NULL::INTEGER AS hour
-          LIMIT 0'
-    END);
+-- The stored columns, then {xmit,rcv}_{bytes,packets}_per_s: each data and
+-- packet counter's rate since the port's previous reading of it. Files
+-- written before 2026-11-25 hold these rates themselves, and those are read
+-- as they are.
+CREATE OR REPLACE VIEW ib AS
+WITH stored AS (
+    FROM query(CASE WHEN getvariable('gputel_has_ib')
+        THEN 'FROM gputel_scan(''ib'')'
+        ELSE 'SELECT NULL::TIMESTAMPTZ AS ts, NULL::VARCHAR AS node, NULL::VARCHAR AS device,
+                     NULL::INTEGER AS port, NULL::VARCHAR AS state, NULL::VARCHAR AS phys_state,
+                     NULL::VARCHAR AS link_layer, NULL::DOUBLE AS rate_gbps,
+                     NULL::BIGINT AS xmit_bytes, NULL::BIGINT AS rcv_bytes,
+                     NULL::BIGINT AS xmit_packets, NULL::BIGINT AS rcv_packets,
+                     NULL::BIGINT AS unicast_xmit_packets, NULL::BIGINT AS unicast_rcv_packets,
+                     NULL::BIGINT AS multicast_xmit_packets, NULL::BIGINT AS multicast_rcv_packets,
+                     NULL::BIGINT AS symbol_error, NULL::BIGINT AS link_downed,
+                     NULL::BIGINT AS link_error_recovery, NULL::BIGINT AS port_rcv_errors,
+                     NULL::BIGINT AS port_xmit_discards, NULL::BIGINT AS port_xmit_wait,
+                     NULL::BIGINT AS port_rcv_discards, NULL::BIGINT AS port_rcv_constraint_errors,
+                     NULL::BIGINT AS port_xmit_constraint_errors,
+                     NULL::BIGINT AS port_rcv_remote_physical_errors,
+                     NULL::BIGINT AS port_rcv_switch_relay_errors,
+                     NULL::BIGINT AS local_link_integrity_errors,
+                     NULL::BIGINT AS excessive_buffer_overrun_errors, NULL::BIGINT AS vl15_dropped,
+                     NULL::BIGINT AS hw_out_of_buffer, NULL::BIGINT AS hw_out_of_sequence,
+                     NULL::BIGINT AS hw_packet_seq_err, NULL::BIGINT AS hw_local_ack_timeout_err,
+                     NULL::BIGINT AS hw_rnr_nak_retry_err, NULL::BIGINT AS hw_implied_nak_seq_err,
+                     NULL::VARCHAR AS board_id, NULL::VARCHAR AS fw_ver, NULL::VARCHAR AS hca_type,
+                     NULL::VARCHAR AS node_guid,
+                     NULL::DATE AS date, NULL::INTEGER AS hour
+              LIMIT 0'
+        END)
+    -- Every column the rates need, null where no file has it.
+    UNION ALL BY NAME
+    SELECT NULL::BIGINT AS xmit_bytes, NULL::BIGINT AS rcv_bytes,
+           NULL::BIGINT AS xmit_packets, NULL::BIGINT AS rcv_packets,
+           NULL::DOUBLE AS xmit_bytes_per_s, NULL::DOUBLE AS rcv_bytes_per_s,
+           NULL::DOUBLE AS xmit_packets_per_s, NULL::DOUBLE AS rcv_packets_per_s
+    WHERE false
+)
+SELECT * EXCLUDE (xmit_bytes_per_s, rcv_bytes_per_s, xmit_packets_per_s, rcv_packets_per_s),
+    coalesce(gputel_per_s(xmit_bytes, lag(xmit_bytes IGNORE NULLS) OVER w, ts,
+                          lag(CASE WHEN xmit_bytes IS NOT NULL THEN ts END IGNORE NULLS) OVER w,
+                          4 * 4294967295), xmit_bytes_per_s) AS xmit_bytes_per_s,
+    coalesce(gputel_per_s(rcv_bytes, lag(rcv_bytes IGNORE NULLS) OVER w, ts,
+                          lag(CASE WHEN rcv_bytes IS NOT NULL THEN ts END IGNORE NULLS) OVER w,
+                          4 * 4294967295), rcv_bytes_per_s) AS rcv_bytes_per_s,
+    coalesce(gputel_per_s(xmit_packets, lag(xmit_packets IGNORE NULLS) OVER w, ts,
+                          lag(CASE WHEN xmit_packets IS NOT NULL THEN ts END IGNORE NULLS) OVER w,
+                          4294967295), xmit_packets_per_s) AS xmit_packets_per_s,
+    coalesce(gputel_per_s(rcv_packets, lag(rcv_packets IGNORE NULLS) OVER w, ts,
+                          lag(CASE WHEN rcv_packets IS NOT NULL THEN ts END IGNORE NULLS) OVER w,
+                          4294967295), rcv_packets_per_s) AS rcv_packets_per_s
+FROM stored
+WINDOW w AS (PARTITION BY node, device, port ORDER BY ts);
 
 -- Every event with the job that held its GPU: the event's own job_id (the
 -- job on the GPU at the tick that recorded it), else the job of the GPU's

@@ -17,6 +17,7 @@
 //! means, its failure category and what clears it.
 
 pub mod column;
+pub mod derive;
 mod partition;
 pub mod scheduler_job;
 pub mod sql;

@@ -278,10 +278,11 @@ table!(
         ts: Timestamp = s.ts_us,
         node: Label = node,
         cpu_count: U32 = s.cpu_count,
-        cpu_user_pct: OptNonNegF32 = s.cpu_user_pct,
-        cpu_system_pct: OptNonNegF32 = s.cpu_system_pct,
-        cpu_iowait_pct: OptNonNegF32 = s.cpu_iowait_pct,
-        cpu_idle_pct: OptNonNegF32 = s.cpu_idle_pct,
+        cpu_user_jiffies: OptU64 = s.cpu_user_jiffies,
+        cpu_system_jiffies: OptU64 = s.cpu_system_jiffies,
+        cpu_iowait_jiffies: OptU64 = s.cpu_iowait_jiffies,
+        cpu_idle_jiffies: OptU64 = s.cpu_idle_jiffies,
+        cpu_steal_jiffies: OptU64 = s.cpu_steal_jiffies,
         memory_total_bytes: OptU64 = s.memory_total_bytes,
         memory_used_bytes: OptU64 = s.memory_used_bytes,
         memory_available_bytes: OptU64 = s.memory_available_bytes,
@@ -311,10 +312,6 @@ table!(
         rcv_bytes: OptU64 = s.rcv_bytes,
         xmit_packets: OptU64 = s.xmit_packets,
         rcv_packets: OptU64 = s.rcv_packets,
-        xmit_bytes_per_s: OptNonNegF64 = s.xmit_bytes_per_s,
-        rcv_bytes_per_s: OptNonNegF64 = s.rcv_bytes_per_s,
-        xmit_packets_per_s: OptNonNegF64 = s.xmit_packets_per_s,
-        rcv_packets_per_s: OptNonNegF64 = s.rcv_packets_per_s,
         unicast_xmit_packets: OptU64 = s.unicast_xmit_packets,
         unicast_rcv_packets: OptU64 = s.unicast_rcv_packets,
         multicast_xmit_packets: OptU64 = s.multicast_xmit_packets,
@@ -829,11 +826,7 @@ mod tests {
             let err = GpuRows::check(row("gpu"), "n1", &bad).expect_err(name);
             refused.push(("gpu", err.to_string()));
         }
-        let node_f32: [Column<NodeSample, f32>; 7] = [
-            ("cpu_user_pct", |s| &mut s.cpu_user_pct),
-            ("cpu_system_pct", |s| &mut s.cpu_system_pct),
-            ("cpu_iowait_pct", |s| &mut s.cpu_iowait_pct),
-            ("cpu_idle_pct", |s| &mut s.cpu_idle_pct),
+        let node_f32: [Column<NodeSample, f32>; 3] = [
             ("load1", |s| &mut s.load1),
             ("load5", |s| &mut s.load5),
             ("load15", |s| &mut s.load15),
@@ -854,13 +847,7 @@ mod tests {
             let err = NodeRows::check(row("node"), "n1", &bad).expect_err(name);
             refused.push(("node", err.to_string()));
         }
-        let ib_columns: [Column<IbPortSample, f64>; 5] = [
-            ("rate_gbps", |s| &mut s.rate_gbps),
-            ("xmit_bytes_per_s", |s| &mut s.xmit_bytes_per_s),
-            ("rcv_bytes_per_s", |s| &mut s.rcv_bytes_per_s),
-            ("xmit_packets_per_s", |s| &mut s.xmit_packets_per_s),
-            ("rcv_packets_per_s", |s| &mut s.rcv_packets_per_s),
-        ];
+        let ib_columns: [Column<IbPortSample, f64>; 1] = [("rate_gbps", |s| &mut s.rate_gbps)];
         for (name, field) in ib_columns {
             let mut bad = ib.clone();
             *field(&mut bad) = Some(-1e9);
@@ -886,7 +873,7 @@ mod tests {
                     .collect::<Vec<_>>()
             })
             .collect();
-        assert_eq!(expected.len(), 19);
+        assert_eq!(expected.len(), 11);
         assert_eq!(refused, expected);
         // The same rows with zero in those columns pass.
         assert_eq!(GpuRows::check(row("gpu"), "n1", &gpu), Ok(()));

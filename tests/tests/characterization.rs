@@ -1120,9 +1120,12 @@ COPY (
 ) TO 'store/gpu' (FORMAT parquet, PARTITION_BY (date, hour));
 -- n1 every second for 60 s, 60 % busy, 25 % memory; n2 every 15 s, idle,
 -- with one 120 s gap before its last row (weighted 45 s: 3 × its median).
+-- 100 CPUs: 10 000 jiffies a second, 100 per percent.
 COPY (
     SELECT TIMESTAMPTZ '2026-11-02 08:00:00+00' + to_seconds(at_s) AS ts, node,
-           busy - 10 AS cpu_user_pct, 10 AS cpu_system_pct, 100 - busy AS cpu_idle_pct,
+           (at_s * 100 * (busy - 10))::BIGINT AS cpu_user_jiffies,
+           (at_s * 100 * 10)::BIGINT AS cpu_system_jiffies, 0::BIGINT AS cpu_iowait_jiffies,
+           (at_s * 100 * (100 - busy))::BIGINT AS cpu_idle_jiffies, 0::BIGINT AS cpu_steal_jiffies,
            256 * 2^30::BIGINT AS memory_total_bytes, mem_gib * 2^30::BIGINT AS memory_used_bytes,
            DATE '2026-11-02' AS date, 8 AS hour
     FROM (SELECT 'n1' AS node, s AS at_s, 60 AS busy, 64 AS mem_gib FROM range(60) r(s)
@@ -1133,7 +1136,7 @@ COPY (
 COPY (
     SELECT TIMESTAMPTZ '2026-11-02 08:00:00+00' + to_seconds(s) AS ts, 'n1' AS node,
            'mlx5_0' AS device, 1 AS port, 'ACTIVE' AS state, 400.0 AS rate_gbps,
-           25e9 AS xmit_bytes_per_s, 5e9 AS rcv_bytes_per_s,
+           (s * 25e9)::BIGINT AS xmit_bytes, (s * 5e9)::BIGINT AS rcv_bytes,
            DATE '2026-11-02' AS date, 8 AS hour
     FROM range(60) r(s)
 ) TO 'store/ib' (FORMAT parquet, PARTITION_BY (date, hour));
@@ -1161,6 +1164,129 @@ COPY (
          AS t(job_id, state, job_type, queue_s, duration_s, gpus)
 ) TO 'store/scheduler_job' (FORMAT parquet, PARTITION_BY (month));
 "#;
+
+/// The node and ib views' derived columns, by the rules of
+/// `gputel_schemas::derive`: node `a`'s CPU counters and port `mlx5_0`'s
+/// counters go through a first reading, an unreadable tick, a reset, a
+/// saturated legacy counter and an aggregate iowait that goes back; node
+/// and port `old` are files written before the counters, whose stored
+/// shares and rates the views pass on.
+const DERIVED_STORE_SQL: &str = r#"
+SET TimeZone = 'UTC';
+COPY (
+    SELECT TIMESTAMPTZ '2026-11-02 08:00:00+00' + to_seconds(t) AS ts, 'a' AS node,
+           8 AS cpu_count, u::BIGINT AS cpu_user_jiffies, sy::BIGINT AS cpu_system_jiffies,
+           io::BIGINT AS cpu_iowait_jiffies, idle::BIGINT AS cpu_idle_jiffies,
+           st::BIGINT AS cpu_steal_jiffies
+    FROM (VALUES (0, 1000, 100, 50, 8850, 0), (1, 1600, 200, 60, 9140, 0),
+                 (2, NULL, NULL, NULL, NULL, NULL), (3, 2600, 400, 60, 9740, 200),
+                 (4, 2700, 450, 55, 9790, 200), (5, 3200, 450, 55, 10290, 200),
+                 (6, 3200, 450, 55, 10290, 200)) v(t, u, sy, io, idle, st)
+) TO 'store/node/date=2026-11-02/hour=8/counters.parquet' (FORMAT parquet);
+COPY (
+    SELECT TIMESTAMPTZ '2026-11-02 08:00:00+00' AS ts, 'old' AS node, 8 AS cpu_count,
+           42.5::FLOAT AS cpu_user_pct, 7.5::FLOAT AS cpu_system_pct,
+           0::FLOAT AS cpu_iowait_pct, 50::FLOAT AS cpu_idle_pct
+) TO 'store/node/date=2026-11-02/hour=8/shares.parquet' (FORMAT parquet);
+COPY (
+    SELECT TIMESTAMPTZ '2026-11-02 08:00:00+00' + to_seconds(t) AS ts, 'a' AS node,
+           'mlx5_0' AS device, 1 AS port, 'ACTIVE' AS state, xb::BIGINT AS xmit_bytes,
+           (10 * (t + 1))::BIGINT AS xmit_packets
+    FROM (VALUES (0, 1000), (1, 5000), (2, NULL), (3, 9000), (4, 17179869180),
+                 (5, 17179869180), (6, 3000)) v(t, xb)
+) TO 'store/ib/date=2026-11-02/hour=8/counters.parquet' (FORMAT parquet);
+COPY (
+    SELECT TIMESTAMPTZ '2026-11-02 08:00:00+00' AS ts, 'old' AS node, 'mlx5_0' AS device,
+           1 AS port, 'ACTIVE' AS state, 123.0::DOUBLE AS xmit_bytes_per_s
+) TO 'store/ib/date=2026-11-02/hour=8/rates.parquet' (FORMAT parquet);
+"#;
+
+#[test]
+fn views_derive_shares_and_rates_from_counters_by_the_documented_rules() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    for table in ["node", "ib", "gpu"] {
+        std::fs::create_dir_all(
+            tmp.path()
+                .join(format!("store/{table}/date=2026-11-02/hour=8")),
+        )
+        .expect("mkdir store");
+    }
+    gputel_tests::duckdb(tmp.path(), DERIVED_STORE_SQL);
+    // views.sql needs a gpu table; an empty file with the columns it reads serves.
+    gputel_tests::duckdb(
+        tmp.path(),
+        "COPY (SELECT TIMESTAMPTZ '2026-11-02 08:00:00+00' AS ts, 'a' AS node, 0 AS gpu, \
+         'GPU-0' AS uuid, 0 AS gpu_util_pct, 0.0 AS sm_active_pct, 0.0 AS sm_occupancy_pct, \
+         0.0 AS tensor_active_pct, 0::BIGINT AS fb_used_bytes, 0::BIGINT AS fb_total_bytes, \
+         0::BIGINT AS power_mw, 0::BIGINT AS power_limit_mw, 0 AS temperature_c, \
+         0 AS memory_temperature_c, 0::BIGINT AS clock_event_reasons, \
+         NULL::VARCHAR AS job_id, 0 AS job_count, NULL::VARCHAR AS pod_uid, \
+         NULL::INTEGER AS gpu_instance_id, NULL::INTEGER AS compute_instance_id LIMIT 0) \
+         TO 'store/gpu/date=2026-11-02/hour=8/empty.parquet' (FORMAT parquet)",
+    );
+    let store = tmp.path().join("store");
+    let shares = |u: f64, sy: f64, io: f64, idle: f64, st: f64| json!({"user": u, "system": sy, "iowait": io, "idle": idle, "steal": st});
+    let none = json!({"user": null, "system": null, "iowait": null, "idle": null, "steal": null});
+    assert_rows(
+        "node shares",
+        gputel_tests::shipped_query(
+            &store,
+            "",
+            "views.sql",
+            "SELECT node, epoch(ts) - 1793606400 AS t, cpu_user_pct AS user, \
+             cpu_system_pct AS system, cpu_iowait_pct AS iowait, cpu_idle_pct AS idle, \
+             cpu_steal_pct AS steal FROM node ORDER BY node, ts",
+        )
+        .into_iter()
+        .map(|mut row| {
+            let row = row.as_object_mut().expect("a row");
+            let (node, t) = (row.remove("node").unwrap(), row.remove("t").unwrap());
+            json!([node, t, row])
+        })
+        .collect(),
+        json!([
+            ["a", 0, none],
+            // Δ 600 + 100 + 10 + 290 + 0 jiffies.
+            ["a", 1, shares(60.0, 10.0, 1.0, 29.0, 0.0)],
+            // Unreadable: nothing, and the next row spans both seconds.
+            ["a", 2, none],
+            ["a", 3, shares(50.0, 10.0, 0.0, 30.0, 10.0)],
+            // iowait went from 60 to 55.
+            ["a", 4, none],
+            ["a", 5, shares(50.0, 0.0, 0.0, 50.0, 0.0)],
+            // No CPU time passed.
+            ["a", 6, none],
+            [
+                "old",
+                0,
+                json!({"user": 42.5, "system": 7.5, "iowait": 0.0, "idle": 50.0, "steal": null})
+            ],
+        ]),
+    );
+    assert_rows(
+        "ib rates",
+        gputel_tests::shipped_query(
+            &store,
+            "",
+            "views.sql",
+            "SELECT node, epoch(ts) - 1793606400 AS t, xmit_bytes_per_s AS bytes, \
+             xmit_packets_per_s AS packets FROM ib ORDER BY node, ts",
+        ),
+        json!([
+            {"node": "a", "t": 0, "bytes": null, "packets": null},
+            {"node": "a", "t": 1, "bytes": 4000.0, "packets": 10.0},
+            {"node": "a", "t": 2, "bytes": null, "packets": 10.0},
+            // Over the 2 s since the last reading of the counter.
+            {"node": "a", "t": 3, "bytes": 2000.0, "packets": 10.0},
+            // 4 × (2^32 - 1): a legacy counter that stopped.
+            {"node": "a", "t": 4, "bytes": null, "packets": 10.0},
+            {"node": "a", "t": 5, "bytes": null, "packets": 10.0},
+            // Cleared and counting again: the new value is the increase.
+            {"node": "a", "t": 6, "bytes": 3000.0, "packets": 10.0},
+            {"node": "old", "t": 0, "bytes": 123.0, "packets": null},
+        ]),
+    );
+}
 
 /// What each time-weighted query must return on the mixed store.
 type MixedCheck = fn(&Path);
@@ -1216,9 +1342,11 @@ fn by_pct(value: impl Fn(u64) -> Value) -> Vec<Value> {
 fn check_fleet_cdf_mixed(store: &Path) {
     // GPU metrics: half the GPU time on n2's idle GPUs, half on n1's busy
     // ones (counted by samples, 120 of 128 would be busy: p10 would be 100).
-    // Memory shares: 10 % for 120 s, 50 % for 60 s, 75 % for 60 s. Host CPU
-    // and memory: n2 (10 %, 0 %) for 105 of 165 s (63.6 %), n1 (60 %, 25 %)
-    // for the rest. InfiniBand: 25 GB/s of 400 Gb/s sent, 5 GB/s received.
+    // Memory shares: 10 % for 120 s, 50 % for 60 s, 75 % for 60 s. Host
+    // memory: n2's 0 % for 105 of 165 s (63.6 %), n1's 25 % for the rest.
+    // Host CPU, from the jiffy counters (a node's first row has no share):
+    // n2's 10 % for 90 of 149 s (60.4 %), n1's 60 % for 59 s. InfiniBand,
+    // from the byte counters: 25 GB/s of 400 Gb/s sent, 5 GB/s received.
     let want = by_pct(|p| {
         let busy = p > 50;
         let pick = |idle: f64, used: f64| if busy { used } else { idle };

@@ -325,7 +325,7 @@ fn compaction_keeps_one_row_per_key() {
             batch.node.push(NodeSample {
                 ts_us,
                 cpu_count: 64,
-                cpu_user_pct: Some(25.0),
+                cpu_user_jiffies: Some(25_000),
                 ..Default::default()
             });
         }

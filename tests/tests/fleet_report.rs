@@ -50,21 +50,43 @@ COPY (
            ts::DATE AS date, lpad(hour(ts)::VARCHAR, 2, '0') AS hour
     FROM g
 ) TO 'store/gpu' (FORMAT parquet, COMPRESSION zstd, PARTITION_BY (date, hour));
+-- CPU counters of 1 CPU (100 jiffies a second), user and system shares
+-- spread by a hash; n2's aggregate iowait goes back once (no shares for
+-- that row, as the kernel allows) and its stat is unreadable once (the
+-- next row's shares span both intervals).
 COPY (
     SELECT TIMESTAMPTZ '2026-11-02 08:58:00+00' + to_seconds(s * step) AS ts, node,
-           (hash(node, s) % 60)::FLOAT AS cpu_user_pct, (hash(s, node) % 20)::FLOAT AS cpu_system_pct,
+           CASE WHEN NOT unread THEN sum(u * step) OVER w END::BIGINT AS cpu_user_jiffies,
+           CASE WHEN NOT unread THEN sum(sy * step) OVER w END::BIGINT AS cpu_system_jiffies,
+           CASE WHEN NOT unread THEN 50 - (node = 'n2' AND s = 7)::INTEGER END::BIGINT
+               AS cpu_iowait_jiffies,
+           CASE WHEN NOT unread THEN sum((100 - u - sy) * step) OVER w END::BIGINT
+               AS cpu_idle_jiffies,
+           CASE WHEN NOT unread THEN 0 END::BIGINT AS cpu_steal_jiffies,
            (512 * 2^30)::BIGINT AS memory_total_bytes,
            ((hash(s, 5, node) % 400) * 2^30)::BIGINT AS memory_used_bytes,
            ts::DATE AS date, lpad(hour(ts)::VARCHAR, 2, '0') AS hour
-    FROM (VALUES ('n1', 1, 300), ('n2', 15, 20)) AS t(node, step, n), range(n) AS r(s)
+    FROM (SELECT *, (hash(node, s) % 60)::INTEGER AS u, (hash(s, node) % 20)::INTEGER AS sy,
+                 node = 'n2' AND s = 11 AS unread
+          FROM (VALUES ('n1', 1, 300), ('n2', 15, 20)) AS t(node, step, n), range(n) AS r(s))
+    WINDOW w AS (PARTITION BY node ORDER BY s)
 ) TO 'store/node' (FORMAT parquet, COMPRESSION zstd, PARTITION_BY (date, hour));
+-- Data counters in bytes growing by a hash; mlx5_0's xmit is unreadable at
+-- 100 s, stuck at the legacy 32-bit maximum from 200 s, and cleared at
+-- 210 s (counting again from 0); mlx5_1's counters are reset at 150 s.
 COPY (
     SELECT TIMESTAMPTZ '2026-11-02 08:58:00+00' + to_seconds(s) AS ts, 'n1' AS node,
            'mlx5_' || p AS device, 1 AS port, 'ACTIVE' AS state, 400.0::DOUBLE AS rate_gbps,
-           (hash(s, p) % 50e9)::DOUBLE AS xmit_bytes_per_s,
-           (hash(p, s) % 20e9)::DOUBLE AS rcv_bytes_per_s,
+           CASE WHEN p = 0 AND s = 100 THEN NULL
+                WHEN p = 0 AND s BETWEEN 200 AND 209 THEN 4 * 4294967295
+                ELSE sum(x) OVER (PARTITION BY p, epoch ORDER BY s) END::BIGINT AS xmit_bytes,
+           sum(r) OVER (PARTITION BY p, epoch ORDER BY s)::BIGINT AS rcv_bytes,
            ts::DATE AS date, lpad(hour(ts)::VARCHAR, 2, '0') AS hour
-    FROM range(300) r(s), range(2) q(p)
+    FROM (SELECT s, p, (hash(s, p) % 50000000000)::BIGINT AS x,
+                 (hash(p, s) % 20000000000)::BIGINT AS r,
+                 CASE WHEN p = 0 AND s >= 210 THEN 1 WHEN p = 1 AND s >= 150 THEN 1 ELSE 0 END
+                     AS epoch
+          FROM range(300) r(s), range(2) q(p))
 ) TO 'store/ib' (FORMAT parquet, COMPRESSION zstd, PARTITION_BY (date, hour));
 COPY (
     SELECT TIMESTAMPTZ '2026-11-02 08:58:00+00' + to_seconds(at_s) AS ts, node, gpu,

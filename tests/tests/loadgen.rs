@@ -42,16 +42,16 @@ fn every_batch_is_acknowledged_and_stored_once() {
     assert!(
         summary.starts_with(
             "agents=4 gpus=8 ticks=50 batches=200 acknowledged=200 rejected=0 dropped=0 \
-             rows: gpu=1600 node=200 ib=800 values=30200 elapsed_s="
+             rows: gpu=1600 node=200 ib=800 values=27200 elapsed_s="
         ),
         "{summary}"
     );
-    // 200 batches of 8 × 13 + 11 + 4 × 9 metric values.
+    // 200 batches of 8 × 13 + 12 + 4 × 5 metric values.
     let elapsed: f64 = summary_field(&summary, "elapsed_s").parse().unwrap();
     let per_s: f64 = summary_field(&summary, "values_per_s").parse().unwrap();
     assert!(elapsed > 0.0 && per_s > 0.0, "{summary}");
     assert!(
-        (per_s * elapsed - 30200.0).abs() < 0.01 * 30200.0 + per_s * 0.001,
+        (per_s * elapsed - 27200.0).abs() < 0.01 * 27200.0 + per_s * 0.001,
         "{summary}"
     );
 
@@ -79,7 +79,7 @@ fn every_batch_is_acknowledged_and_stored_once() {
     assert!(
         windowed.starts_with(
             "agents=3 gpus=2 ticks=20 batches=60 acknowledged=60 rejected=0 dropped=0 \
-             rows: gpu=120 node=60 ib=240 values=4380 elapsed_s="
+             rows: gpu=120 node=60 ib=240 values=3480 elapsed_s="
         ),
         "{windowed}"
     );

@@ -49,30 +49,6 @@ pub(super) const IB_METRICS: &[RowMetric<IbPortSample>] = &[
         value: |p| p.rcv_packets.map(|v| v as f64),
     },
     RowMetric {
-        name: "gputel_infiniband_port_data_transmitted_bytes_per_second",
-        kind: Kind::Gauge,
-        help: "Bytes transmitted per second since the previous tick.",
-        value: |p| p.xmit_bytes_per_s.filter(|v| v.is_finite()),
-    },
-    RowMetric {
-        name: "gputel_infiniband_port_data_received_bytes_per_second",
-        kind: Kind::Gauge,
-        help: "Bytes received per second since the previous tick.",
-        value: |p| p.rcv_bytes_per_s.filter(|v| v.is_finite()),
-    },
-    RowMetric {
-        name: "gputel_infiniband_port_packets_transmitted_per_second",
-        kind: Kind::Gauge,
-        help: "Packets transmitted per second since the previous tick.",
-        value: |p| p.xmit_packets_per_s.filter(|v| v.is_finite()),
-    },
-    RowMetric {
-        name: "gputel_infiniband_port_packets_received_per_second",
-        kind: Kind::Gauge,
-        help: "Packets received per second since the previous tick.",
-        value: |p| p.rcv_packets_per_s.filter(|v| v.is_finite()),
-    },
-    RowMetric {
         name: "gputel_infiniband_unicast_packets_transmitted_total",
         kind: Kind::Counter,
         help: "Unicast packets transmitted on the port.",

@@ -564,10 +564,11 @@ impl Recorded {
                     text.sample(&no_labels, &[], v);
                 }
             }
-            text.family(NODE_CPU, NODE_CPU_HELP, Kind::Gauge);
-            for (mode, pct) in NODE_CPU_MODES {
-                if let Some(v) = pct(node).and_then(ratio) {
-                    text.sample(&no_labels, &[("mode", mode)], v);
+            text.family(NODE_CPU, NODE_CPU_HELP, Kind::Counter);
+            let user_hz = procfs::ticks_per_second() as f64;
+            for (mode, jiffies) in NODE_CPU_MODES {
+                if let Some(v) = jiffies(node) {
+                    text.sample(&no_labels, &[("mode", mode)], v as f64 / user_hz);
                 }
             }
         }
@@ -1039,10 +1040,11 @@ mod tests {
         let node = NodeSample {
             ts_us: TS_US,
             cpu_count: 224,
-            cpu_user_pct: Some(45.2),
-            cpu_system_pct: Some(3.1),
-            cpu_iowait_pct: None,
-            cpu_idle_pct: Some(51.7),
+            cpu_user_jiffies: Some(416_699_676_365),
+            cpu_system_jiffies: Some(57_332_035),
+            cpu_iowait_jiffies: None,
+            cpu_idle_jiffies: Some(146_625_695),
+            cpu_steal_jiffies: Some(0),
             memory_total_bytes: Some(2_164_110_770_176),
             memory_used_bytes: Some(242_539_954_176),
             memory_available_bytes: Some(1_921_570_816_000),
@@ -1065,7 +1067,6 @@ mod tests {
             rcv_bytes: Some(1_000),
             xmit_packets: Some(10),
             rcv_packets: None,
-            xmit_bytes_per_s: Some(12_345.5),
             symbol_error: Some(0),
             link_downed: Some(1),
             state_id: Some(4),
@@ -1102,11 +1103,13 @@ mod tests {
         let expect = |name: &str, want: &[&str]| assert_eq!(series(&lines, name), want, "{name}");
         expect("gputel_node_cpus", &["gputel_node_cpus 224"]);
         expect(
-            "gputel_node_cpu_ratio",
+            "gputel_node_cpu_seconds_total",
             &[
-                "gputel_node_cpu_ratio{mode=\"user\"} 0.452",
-                "gputel_node_cpu_ratio{mode=\"system\"} 0.031",
-                "gputel_node_cpu_ratio{mode=\"idle\"} 0.517",
+                // Jiffies ÷ USER_HZ (100 on the architectures Linux tests run on).
+                "gputel_node_cpu_seconds_total{mode=\"user\"} 4166996763.65",
+                "gputel_node_cpu_seconds_total{mode=\"system\"} 573320.35",
+                "gputel_node_cpu_seconds_total{mode=\"idle\"} 1466256.95",
+                "gputel_node_cpu_seconds_total{mode=\"steal\"} 0",
             ],
         );
         expect(
@@ -1188,11 +1191,12 @@ mod tests {
                 "gputel_infiniband_port_data_transmitted_bytes_total{{{port}}} 7937843893307364"
             )],
         );
-        expect(
-            "gputel_infiniband_port_data_transmitted_bytes_per_second",
-            &[&format!(
-                "gputel_infiniband_port_data_transmitted_bytes_per_second{{{port}}} 12345.5"
-            )],
+        // Rates are for the reader to derive (PromQL's rate()): no per-second gauges.
+        assert!(
+            !lines
+                .iter()
+                .any(|l| l.contains("port_data_transmitted_bytes_per_second")),
+            "{lines:#?}"
         );
         expect("gputel_infiniband_port_packets_received_total", &[]);
         expect(
@@ -1209,7 +1213,7 @@ mod tests {
         );
         let text = lines.join("\n");
         assert!(text.contains("# TYPE gputel_infiniband_port_data_received_bytes_total counter"));
-        assert!(text.contains("# TYPE gputel_node_cpu_ratio gauge"));
+        assert!(text.contains("# TYPE gputel_node_cpu_seconds_total counter"));
         // No GPU rows, no DCGM series.
         assert!(!text.contains("DCGM_"), "{text}");
     }
@@ -1407,10 +1411,11 @@ mod tests {
         let node = NodeSample {
             ts_us: TS_US,
             cpu_count: 224,
-            cpu_user_pct: Some(45.2),
-            cpu_system_pct: Some(3.1),
-            cpu_iowait_pct: Some(0.25),
-            cpu_idle_pct: Some(51.45),
+            cpu_user_jiffies: Some(416_699_676_365),
+            cpu_system_jiffies: Some(57_332_035),
+            cpu_iowait_jiffies: Some(1_057_559),
+            cpu_idle_jiffies: Some(146_625_695),
+            cpu_steal_jiffies: Some(0),
             memory_total_bytes: Some(2_164_110_770_176),
             memory_used_bytes: Some(242_539_954_176),
             memory_available_bytes: Some(1_921_570_816_000),
@@ -1433,8 +1438,6 @@ mod tests {
             rcv_bytes: Some(1_000),
             xmit_packets: Some(10),
             rcv_packets: Some(11),
-            xmit_bytes_per_s: Some(12_345.5),
-            rcv_bytes_per_s: Some(0.125),
             symbol_error: Some(0),
             link_downed: Some(1),
             state_id: Some(4),
@@ -1521,7 +1524,7 @@ mod tests {
         }
         let golden = include_str!("testdata/every_family.txt");
         assert_eq!(page, golden);
-        assert_eq!(page.matches("# TYPE ").count(), 69);
+        assert_eq!(page.matches("# TYPE ").count(), 67);
     }
 
     #[test]

@@ -74,15 +74,16 @@ pub(super) const NODE_METRICS: &[RowMetric<NodeSample>] = &[
     },
 ];
 
-/// CPU time shares, one series per mode.
-pub(super) const NODE_CPU: &str = "gputel_node_cpu_ratio";
-pub(super) const NODE_CPU_HELP: &str =
-    "Share of all CPUs' time spent in each mode since the previous tick (0-1).";
-/// A CPU mode's share, in percent, from a node row.
-type CpuShare = fn(&NodeSample) -> Option<f32>;
-pub(super) const NODE_CPU_MODES: &[(&str, CpuShare)] = &[
-    ("user", |n| n.cpu_user_pct),
-    ("system", |n| n.cpu_system_pct),
-    ("iowait", |n| n.cpu_iowait_pct),
-    ("idle", |n| n.cpu_idle_pct),
+/// CPU time, one series per mode, as node_exporter's `node_cpu_seconds_total`
+/// (summed over the CPUs, and in the node row's five groups).
+pub(super) const NODE_CPU: &str = "gputel_node_cpu_seconds_total";
+pub(super) const NODE_CPU_HELP: &str = "Seconds all CPUs spent in each mode since boot (user: user + nice; system: system + irq + softirq).";
+/// A CPU mode's counter, in jiffies (USER_HZ ticks), from a node row.
+type CpuJiffies = fn(&NodeSample) -> Option<u64>;
+pub(super) const NODE_CPU_MODES: &[(&str, CpuJiffies)] = &[
+    ("user", |n| n.cpu_user_jiffies),
+    ("system", |n| n.cpu_system_jiffies),
+    ("iowait", |n| n.cpu_iowait_jiffies),
+    ("idle", |n| n.cpu_idle_jiffies),
+    ("steal", |n| n.cpu_steal_jiffies),
 ];

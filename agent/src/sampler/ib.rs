@@ -1,6 +1,7 @@
 //! InfiniBand sampler: one [`IbPortSample`] per port found under
-//! `<sysfs>/class/infiniband/<device>/ports/<port>/`, with traffic counters
-//! turned into per-second rates against the previous tick.
+//! `<sysfs>/class/infiniband/<device>/ports/<port>/`, with its counters as
+//! the port states them (rates are derived from them where they are read:
+//! the `ib` view, the fleet report).
 //!
 //! A machine without InfiniBand has no `class/infiniband` directory; that is a
 //! normal state, not an error. A port whose files cannot be read is reported
@@ -31,7 +32,7 @@
 //!    they are, and neither port uses them). An untrustworthy file is
 //!    ignored, said once per port at info level, and never reported as
 //!    traffic.
-//! 3. Otherwise the saturated legacy value (its rate stays null), or null.
+//! 3. Otherwise the saturated legacy value (readers give it no rate), or null.
 //!
 //! Every other counter (errors, waits, discards) exists only in `counters/`,
 //! and the driver's own in `hw_counters/`. A file that reads `N/A (no PMA)`
@@ -64,8 +65,7 @@ const COUNTERS_DIR: &str = "counters";
 const COUNTERS_EXT_DIR: &str = "counters_ext";
 /// Where drivers put their own counters, beside the IBA ones.
 const HW_COUNTERS_DIR: &str = "hw_counters";
-/// The value at which a 32-bit legacy counter stops counting. A 64-bit
-/// counter that happens to read exactly this loses one tick's rate, no more.
+/// The value at which a 32-bit legacy counter stops counting.
 const SATURATED_32: u64 = u32::MAX as u64;
 /// What a counter file holds when the port has no performance-management
 /// agent to ask (iWARP providers such as i40iw).
@@ -169,7 +169,7 @@ const HW_COUNTERS: [&str; 6] = [
 #[derive(Debug)]
 pub struct IbSampler {
     root: PathBuf,
-    /// What each port's counters were at their last good reading, by (device, port).
+    /// What was already said about each port, by (device, port).
     ports: HashMap<(String, u32), PortHistory>,
     /// Each device's identity, and the tick it was read at.
     devices: HashMap<String, (Identity, i64)>,
@@ -179,9 +179,6 @@ pub struct IbSampler {
 
 #[derive(Debug, Default)]
 struct PortHistory {
-    /// Last good reading of each counter; None before the first one, or
-    /// after the counter's file disappeared.
-    last: Traffic<Option<Reading>>,
     /// Whether each counter's saturation was already logged.
     saturation_logged: Traffic<bool>,
     /// Whether each counter's `counters_ext` twin was already said to read 0.
@@ -199,18 +196,11 @@ struct Identity {
     node_guid: Option<String>,
 }
 
-/// A counter value in the kernel's units, and the tick it was read at.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Reading {
-    value: u64,
-    ts_us: i64,
-}
-
 /// A counter as chosen by the truth rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct RawCounter {
     value: u64,
-    /// A legacy 32-bit counter stuck at 2^32 - 1: it no longer moves, so no rate.
+    /// A legacy 32-bit counter stuck at 2^32 - 1: it no longer moves.
     saturated: bool,
     from_ext: bool,
 }
@@ -463,8 +453,7 @@ impl PortRead<'_> {
     /// Reads the port; `device` and `port` and the device's identity are
     /// left for the caller. None (and an error pushed) when its `state`
     /// cannot be read, as a row without it would say nothing about the port.
-    /// Any other file that fails leaves its field unset, pushes its error,
-    /// and keeps the counter's last good reading for the next tick's rate.
+    /// Any other file that fails leaves its field unset and pushes its error.
     fn sample(
         &self,
         history: &mut PortHistory,
@@ -494,7 +483,6 @@ impl PortRead<'_> {
         });
 
         let mut totals: Traffic<Option<u64>> = [None; 8];
-        let mut rates: Traffic<Option<f64>> = [None; 8];
         for (i, counter) in COUNTERS.iter().enumerate() {
             let choice = match read_counter(dir, counter, self.ext_copied) {
                 Ok(choice) => choice,
@@ -513,7 +501,6 @@ impl PortRead<'_> {
             history.ext_zero_logged[i] = choice.ext_zero_ignored;
             let Some(raw) = choice.raw else {
                 // Absent is not zero: the field stays unset.
-                history.last[i] = None;
                 continue;
             };
             let Some(total) = raw.value.checked_mul(counter.unit) else {
@@ -524,24 +511,13 @@ impl PortRead<'_> {
                 continue;
             };
             totals[i] = Some(total);
-
-            let now = Reading {
-                value: raw.value,
-                ts_us: self.ts_us,
-            };
-            if raw.saturated {
-                if !history.saturation_logged[i] {
-                    tracing::debug!(
-                        "{} is saturated at 2^32-1 and no longer counts; no rate until the counter is reset",
-                        counter_path(dir, counter, false).display()
-                    );
-                    history.saturation_logged[i] = true;
-                }
-            } else {
-                history.saturation_logged[i] = false;
-                rates[i] = history.last[i].and_then(|prev| per_second(prev, now, counter.unit));
+            if raw.saturated && !history.saturation_logged[i] {
+                tracing::debug!(
+                    "{} is saturated at 2^32-1 and no longer counts until the port's counters are reset",
+                    counter_path(dir, counter, false).display()
+                );
             }
-            history.last[i] = Some(now);
+            history.saturation_logged[i] = raw.saturated;
         }
 
         let [
@@ -578,13 +554,6 @@ impl PortRead<'_> {
             multicast_xmit_packets,
             multicast_rcv_packets,
         ] = totals;
-        let [
-            xmit_bytes_per_s,
-            rcv_bytes_per_s,
-            xmit_packets_per_s,
-            rcv_packets_per_s,
-            ..,
-        ] = rates;
         let (phys_state_id, phys_state) = phys.unzip();
         Some(IbPortSample {
             ts_us: self.ts_us,
@@ -598,10 +567,6 @@ impl PortRead<'_> {
             rcv_bytes,
             xmit_packets,
             rcv_packets,
-            xmit_bytes_per_s,
-            rcv_bytes_per_s,
-            xmit_packets_per_s,
-            rcv_packets_per_s,
             unicast_xmit_packets,
             unicast_rcv_packets,
             multicast_xmit_packets,
@@ -669,23 +634,6 @@ fn read_file_value(path: &Path) -> Result<FileValue, SampleError> {
             reason: format!("expected an unsigned integer, found {text:?}"),
             path: path.to_owned(),
         })
-}
-
-/// Increase per second between two readings of one counter, in bytes (or
-/// packets) given `unit` per counter step; None unless time moved forward.
-///
-/// A reading lower than the previous one means the counter was reset (port
-/// reset, driver reload, `perfquery -R`) in between. As Prometheus' `rate()`
-/// does, the new value is then taken as the whole increase since the reset:
-/// a lower bound, since what was counted before the reset is lost.
-fn per_second(prev: Reading, now: Reading, unit: u64) -> Option<f64> {
-    let elapsed_us = now.ts_us.checked_sub(prev.ts_us).filter(|&dt| dt > 0)?;
-    let increase = if now.value >= prev.value {
-        now.value - prev.value
-    } else {
-        now.value
-    };
-    Some(increase as f64 * unit as f64 / (elapsed_us as f64 / 1_000_000.0))
 }
 
 /// The port's state number and name from `state`, e.g. (4, "ACTIVE") from "4: ACTIVE".
@@ -881,13 +829,8 @@ mod tests {
             .unwrap_or_else(|| panic!("no sample for {device} in {samples:?}"))
     }
 
-    fn rates(s: &IbPortSample) -> [Option<f64>; 4] {
-        [
-            s.xmit_bytes_per_s,
-            s.rcv_bytes_per_s,
-            s.xmit_packets_per_s,
-            s.rcv_packets_per_s,
-        ]
+    fn traffic(s: &IbPortSample) -> [Option<u64>; 4] {
+        [s.xmit_bytes, s.rcv_bytes, s.xmit_packets, s.rcv_packets]
     }
 
     #[test]
@@ -919,10 +862,6 @@ mod tests {
                 rcv_bytes: Some(4 * 1_984_460_973_326_841),
                 xmit_packets: Some(9_412_287_715_021),
                 rcv_packets: Some(9_412_301_880_214),
-                xmit_bytes_per_s: None,
-                rcv_bytes_per_s: None,
-                xmit_packets_per_s: None,
-                rcv_packets_per_s: None,
                 symbol_error: Some(3),
                 link_downed: Some(1),
                 link_error_recovery: Some(2),
@@ -953,7 +892,6 @@ mod tests {
             out.iter()
                 .all(|s| s.ts_us == TS && s.state == "ACTIVE" && s.rate_gbps == Some(400.0))
         );
-        assert!(out.iter().all(|s| rates(s) == [None; 4]));
     }
 
     #[test]
@@ -976,17 +914,14 @@ mod tests {
         assert_eq!(s.rcv_packets, None);
         assert_eq!(s.xmit_packets, Some(9_380_044_117_935));
         let (second, _) = sample(&mut sampler, TS + SECOND_US);
-        assert_eq!(
-            rates(find(&second, "mlx5_3")),
-            [Some(0.0), Some(0.0), Some(0.0), None]
-        );
+        assert_eq!(traffic(find(&second, "mlx5_3")), traffic(s));
     }
 
     #[test]
-    fn rates_are_per_second_over_the_time_between_samples() {
+    fn each_tick_reads_the_counters_anew() {
         let root = temp_sys();
         let mut sampler = IbSampler::new(root.path());
-        sample(&mut sampler, TS);
+        let (first, _) = sample(&mut sampler, TS);
 
         let mlx5_0 = port_dir(root.path(), "mlx5_0");
         write(mlx5_0.join("counters/port_xmit_data"), "1984466370583717\n"); // +250_000_000 words
@@ -1001,57 +936,40 @@ mod tests {
 
         let (out, errors) = sample(&mut sampler, TS + SECOND_US);
         assert!(errors.is_empty(), "{errors:?}");
-        let s = find(&out, "mlx5_0");
         assert_eq!(
-            rates(s),
-            [Some(1e9), Some(5e8), Some(488_250.0), Some(244_125.0)]
+            traffic(find(&out, "mlx5_0")),
+            [
+                Some(4 * 1_984_466_370_583_717),
+                Some(4 * 1_984_461_098_326_841),
+                Some(9_412_288_203_271),
+                Some(9_412_302_124_339)
+            ]
         );
-        assert_eq!(s.xmit_bytes, Some(4 * 1_984_466_370_583_717));
-        assert_eq!(find(&out, "mlx5_2").rcv_bytes_per_s, Some(1e7));
-        assert_eq!(rates(find(&out, "mlx5_1")), [Some(0.0); 4]);
-
-        // Over 15 s the same kind of increase gives a fifteenth of the rate.
-        write(mlx5_0.join("counters/port_xmit_data"), "1984470120583717\n"); // +3_750_000_000 words
-        let (out, _) = sample(&mut sampler, TS + 16 * SECOND_US);
-        assert_eq!(find(&out, "mlx5_0").xmit_bytes_per_s, Some(1e9));
+        assert_eq!(
+            find(&out, "mlx5_2").rcv_bytes,
+            Some(4 * 1_988_127_736_040_382)
+        );
+        assert_eq!(
+            traffic(find(&out, "mlx5_1")),
+            traffic(find(&first, "mlx5_1"))
+        );
     }
 
     #[test]
-    fn a_counter_reset_counts_the_new_value_as_the_increase() {
+    fn a_reset_or_saturated_counter_is_reported_as_the_port_states_it() {
         let root = temp_sys();
         let mut sampler = IbSampler::new(root.path());
         sample(&mut sampler, TS);
-        let mlx5_1 = port_dir(root.path(), "mlx5_1");
-        write(mlx5_1.join("counters/port_xmit_data"), "500000000\n");
-        write(mlx5_1.join("counters/port_xmit_packets"), "40\n");
-        let (out, _) = sample(&mut sampler, TS + 2 * SECOND_US);
-        let s = find(&out, "mlx5_1");
-        assert_eq!(s.xmit_bytes_per_s, Some(1e9)); // 4 × 500_000_000 / 2 s
-        assert_eq!(s.xmit_packets_per_s, Some(20.0));
-        assert_eq!(s.rcv_bytes_per_s, Some(0.0));
-    }
-
-    #[test]
-    fn a_saturated_32_bit_counter_has_its_value_but_no_rate() {
-        let root = temp_sys();
-        let mut sampler = IbSampler::new(root.path());
         let mlx5_0 = port_dir(root.path(), "mlx5_0");
-        write(mlx5_0.join("counters/port_rcv_data"), "4294967000\n");
-        sample(&mut sampler, TS);
+        // Cleared (e.g. `perfquery -R`): the new, lower value.
+        write(mlx5_0.join("counters/port_xmit_data"), "500000000\n");
+        // A legacy counter stopped at 2^32-1, with no counters_ext twin.
         write(mlx5_0.join("counters/port_rcv_data"), "4294967295\n");
         let (out, errors) = sample(&mut sampler, TS + SECOND_US);
         assert!(errors.is_empty(), "{errors:?}");
         let s = find(&out, "mlx5_0");
+        assert_eq!(s.xmit_bytes, Some(4 * 500_000_000));
         assert_eq!(s.rcv_bytes, Some(4 * 4_294_967_295));
-        assert_eq!(s.rcv_bytes_per_s, None);
-        assert_eq!(s.xmit_bytes_per_s, Some(0.0));
-        let (out, _) = sample(&mut sampler, TS + 2 * SECOND_US);
-        assert_eq!(find(&out, "mlx5_0").rcv_bytes_per_s, None);
-
-        // Cleared (e.g. `perfquery -R`): counting again, from the reset.
-        write(mlx5_0.join("counters/port_rcv_data"), "1000\n");
-        let (out, _) = sample(&mut sampler, TS + 3 * SECOND_US);
-        assert_eq!(find(&out, "mlx5_0").rcv_bytes_per_s, Some(4000.0));
     }
 
     #[test]
@@ -1096,7 +1014,7 @@ mod tests {
             }
             assert_eq!(out.len(), 4);
             let s = find(&out, "mlx5_0");
-            assert_eq!((s.xmit_bytes, s.xmit_bytes_per_s), (None, None));
+            assert_eq!(s.xmit_bytes, None);
             assert_eq!(s.rcv_bytes, Some(4 * 1_984_460_973_326_841));
         }
     }
@@ -1112,10 +1030,9 @@ mod tests {
         let (out, _) = sample(&mut sampler, TS + SECOND_US);
         assert_eq!(out.len(), 3);
         fs::rename(&parked, &device).expect("restore device");
-        // Back with lower counters: a first reading, not a reset.
         write(device.join("ports/1/counters/port_xmit_data"), "10\n");
         let (out, _) = sample(&mut sampler, TS + 2 * SECOND_US);
-        assert_eq!(rates(find(&out, "mlx5_3")), [None; 4]);
+        assert_eq!(find(&out, "mlx5_3").xmit_bytes, Some(40));
     }
 
     #[test]
@@ -1336,14 +1253,13 @@ mod tests {
         let p1 = port_of(&out, "mlx4_0", 1);
         assert_eq!(p1.rcv_bytes, Some(4 * 5_000_000_000));
         // counters_ext/port_rcv_packets_64 reads 0: the saturated legacy
-        // value stands, without a rate.
+        // value stands.
         assert_eq!(p1.rcv_packets, Some(4_294_967_295));
         write(mlx4.join("1/counters_ext/port_rcv_data_64"), "5000000100\n");
         let (out, _) = sample(&mut sampler, TS + SECOND_US);
         let p1 = port_of(&out, "mlx4_0", 1);
-        assert_eq!(p1.rcv_bytes_per_s, Some(400.0));
-        assert_eq!(p1.rcv_packets_per_s, None);
-        assert_eq!(p1.xmit_packets_per_s, Some(0.0));
+        assert_eq!(p1.rcv_bytes, Some(4 * 5_000_000_100));
+        assert_eq!(p1.rcv_packets, Some(4_294_967_295));
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! Host sampler: CPU time shares from `/proc/stat`, memory from `/proc/meminfo`,
+//! Host sampler: CPU time counters from `/proc/stat`, memory from `/proc/meminfo`,
 //! load averages from `/proc/loadavg`, all read under a configurable procfs root,
 //! and CPU package and DRAM energy and power from RAPL under the sysfs root
 //! ([`super::rapl`]).
@@ -33,9 +33,6 @@ const LOADAVG: &str = "loadavg";
 #[derive(Debug)]
 pub struct NodeSampler {
     root: PathBuf,
-    /// The aggregate `cpu` line of the last `stat` that parsed. A tick whose
-    /// `stat` fails keeps it, so the next shares cover both intervals.
-    prev_cpu: Option<CpuJiffies>,
     /// RAPL energy, where a sysfs root was given.
     rapl: Option<Rapl>,
 }
@@ -45,7 +42,6 @@ impl NodeSampler {
     pub fn new(procfs_root: impl Into<PathBuf>) -> Self {
         Self {
             root: procfs_root.into(),
-            prev_cpu: None,
             rapl: None,
         }
     }
@@ -57,8 +53,7 @@ impl NodeSampler {
         self
     }
 
-    /// The tick's NodeSample. CPU shares need the previous tick, so the first
-    /// call leaves them None.
+    /// The tick's NodeSample.
     fn read(&mut self, ts_us: i64, errors: &mut Vec<SampleError>) -> NodeSample {
         let mut sample = NodeSample {
             ts_us,
@@ -68,17 +63,12 @@ impl NodeSampler {
         match self.read_stat() {
             Ok(stat) => {
                 sample.cpu_count = u32::try_from(stat.cpu_time.len()).unwrap_or(u32::MAX);
-                let now = CpuJiffies::from(&stat.total);
-                if let Some(shares) = self
-                    .prev_cpu
-                    .and_then(|prev| CpuShares::between(&prev, &now))
-                {
-                    sample.cpu_user_pct = Some(shares.user);
-                    sample.cpu_system_pct = Some(shares.system);
-                    sample.cpu_iowait_pct = Some(shares.iowait);
-                    sample.cpu_idle_pct = Some(shares.idle);
-                }
-                self.prev_cpu = Some(now);
+                let cpu = CpuJiffies::from(&stat.total);
+                sample.cpu_user_jiffies = Some(cpu.user);
+                sample.cpu_system_jiffies = Some(cpu.system);
+                sample.cpu_iowait_jiffies = Some(cpu.iowait);
+                sample.cpu_idle_jiffies = Some(cpu.idle);
+                sample.cpu_steal_jiffies = Some(cpu.steal);
             }
             Err(e) => errors.push(e),
         }
@@ -132,7 +122,7 @@ impl NodeSampler {
         let path = self.root.join(STAT);
         let text = read_kernel_text(&path)?;
         // The system info only supplies ticks per second for procfs' *_ms
-        // helpers; the shares below use raw jiffies.
+        // helpers; the row keeps raw jiffies.
         KernelStats::from_read(text.as_bytes(), procfs::current_system_info())
             .map_err(|e| procfs_parse_error(&path, e))
     }
@@ -172,109 +162,37 @@ fn memory_used(mem: &Meminfo) -> u64 {
     }
 }
 
-/// The aggregate `cpu` line of `/proc/stat`, in jiffies (USER_HZ ticks).
-/// Fields older kernels do not write count as 0.
+/// The aggregate `cpu` line of `/proc/stat` in the five groups the node row
+/// stores, in jiffies (USER_HZ ticks). Fields older kernels do not write
+/// count as 0; a sum that would overflow saturates (it cannot, on a kernel's
+/// 64-bit counters, in the lifetime of a machine).
+///
+/// guest and guest_nice are left out: the kernel already counts guest time
+/// inside user (and guest_nice inside nice), so adding them would count it
+/// twice. The five add up to all the CPU time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct CpuJiffies {
+    /// user + nice.
     user: u64,
-    nice: u64,
+    /// system + irq + softirq.
     system: u64,
-    idle: u64,
     iowait: u64,
-    irq: u64,
-    softirq: u64,
+    idle: u64,
     steal: u64,
 }
 
 impl From<&CpuTime> for CpuJiffies {
     fn from(t: &CpuTime) -> Self {
         Self {
-            user: t.user,
-            nice: t.nice,
-            system: t.system,
-            idle: t.idle,
+            user: t.user.saturating_add(t.nice),
+            system: t
+                .system
+                .saturating_add(t.irq.unwrap_or(0))
+                .saturating_add(t.softirq.unwrap_or(0)),
             iowait: t.iowait.unwrap_or(0),
-            irq: t.irq.unwrap_or(0),
-            softirq: t.softirq.unwrap_or(0),
+            idle: t.idle,
             steal: t.steal.unwrap_or(0),
         }
-    }
-}
-
-impl CpuJiffies {
-    /// Per-field increase since `prev`; None if any counter went backwards
-    /// (CPU hotplug, or the aggregate iowait, which the kernel documents as
-    /// able to decrease).
-    fn since(&self, prev: &Self) -> Option<Self> {
-        Some(Self {
-            user: self.user.checked_sub(prev.user)?,
-            nice: self.nice.checked_sub(prev.nice)?,
-            system: self.system.checked_sub(prev.system)?,
-            idle: self.idle.checked_sub(prev.idle)?,
-            iowait: self.iowait.checked_sub(prev.iowait)?,
-            irq: self.irq.checked_sub(prev.irq)?,
-            softirq: self.softirq.checked_sub(prev.softirq)?,
-            steal: self.steal.checked_sub(prev.steal)?,
-        })
-    }
-
-    /// total = user + nice + system + idle + iowait + irq + softirq + steal.
-    ///
-    /// guest and guest_nice are left out: the kernel already counts guest time
-    /// inside user (and guest_nice inside nice), so adding them would count it twice.
-    fn total(&self) -> Option<u64> {
-        [
-            self.user,
-            self.nice,
-            self.system,
-            self.idle,
-            self.iowait,
-            self.irq,
-            self.softirq,
-            self.steal,
-        ]
-        .into_iter()
-        .try_fold(0u64, u64::checked_add)
-    }
-}
-
-/// Shares of all CPUs' time over one interval, in percent. Each is computed
-/// from the per-field increases (Δ) between two readings:
-///
-/// - user   = 100 × (Δuser + Δnice) / Δtotal
-/// - system = 100 × (Δsystem + Δirq + Δsoftirq) / Δtotal
-/// - iowait = 100 × Δiowait / Δtotal
-/// - idle   = 100 × Δidle / Δtotal
-///
-/// with Δtotal as in [`CpuJiffies::total`]. Steal time is part of Δtotal but
-/// of no share, so the four add up to 100 minus the steal share.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct CpuShares {
-    user: f32,
-    system: f32,
-    iowait: f32,
-    idle: f32,
-}
-
-impl CpuShares {
-    /// None when a counter went backwards or no time passed (Δtotal = 0).
-    fn between(prev: &CpuJiffies, now: &CpuJiffies) -> Option<Self> {
-        let Some(delta) = now.since(prev) else {
-            tracing::debug!("a /proc/stat CPU counter went backwards; no CPU shares this tick");
-            return None;
-        };
-        let total = delta.total().filter(|&t| t > 0)? as f64;
-        // Multiply before dividing so whole-number shares come out exact.
-        let pct = |part: u64| (100.0 * part as f64 / total) as f32;
-        Some(Self {
-            user: pct(delta.user.saturating_add(delta.nice)),
-            system: pct(delta
-                .system
-                .saturating_add(delta.irq)
-                .saturating_add(delta.softirq)),
-            iowait: pct(delta.iowait),
-            idle: pct(delta.idle),
-        })
     }
 }
 
@@ -407,7 +325,7 @@ mod tests {
     }
 
     #[test]
-    fn first_sample_reads_the_fixture_without_cpu_shares() {
+    fn a_sample_reads_the_fixture_with_cpu_counters_grouped() {
         let mut sampler = NodeSampler::new(fixture("proc"));
         let mut errors = Vec::new();
         let s = sample(&mut sampler, TS, &mut errors);
@@ -417,10 +335,12 @@ mod tests {
             NodeSample {
                 ts_us: TS,
                 cpu_count: 8,
-                cpu_user_pct: None,
-                cpu_system_pct: None,
-                cpu_iowait_pct: None,
-                cpu_idle_pct: None,
+                // cpu  416699676 365035 54608094 146625695 1057559 181864 2542077 0 0 0
+                cpu_user_jiffies: Some(416_699_676 + 365_035),
+                cpu_system_jiffies: Some(54_608_094 + 181_864 + 2_542_077),
+                cpu_iowait_jiffies: Some(1_057_559),
+                cpu_idle_jiffies: Some(146_625_695),
+                cpu_steal_jiffies: Some(0),
                 memory_total_bytes: Some(2_164_110_770_176),
                 memory_used_bytes: Some(242_531_577_856),
                 memory_available_bytes: Some(1_921_579_192_320),
@@ -437,21 +357,23 @@ mod tests {
     }
 
     #[test]
-    fn cpu_shares_over_two_stat_snapshots_are_exact() {
-        // proc → proc-later is one second on 8 CPUs: Δtotal = 800 jiffies, of which
-        // user 432 + nice 8, system 64 + irq 4 + softirq 12, iowait 8, idle 272.
+    fn a_later_snapshot_gives_the_later_counters() {
+        // proc → proc-later is one second on 8 CPUs: user 432 + nice 8, system
+        // 64 + irq 4 + softirq 12, iowait 8, idle 272 jiffies more.
         let root = temp_root("proc");
         let mut sampler = NodeSampler::new(root.path());
         let mut errors = Vec::new();
-        sample(&mut sampler, TS, &mut errors);
+        let before = sample(&mut sampler, TS, &mut errors);
         copy_files("proc-later", root.path());
         let s = sample(&mut sampler, TS + 1_000_000, &mut errors);
         assert!(errors.is_empty(), "{errors:?}");
         assert_eq!(s.cpu_count, 8);
-        assert_eq!(s.cpu_user_pct, Some(55.0));
-        assert_eq!(s.cpu_system_pct, Some(10.0));
-        assert_eq!(s.cpu_iowait_pct, Some(1.0));
-        assert_eq!(s.cpu_idle_pct, Some(34.0));
+        let increase = |f: fn(&NodeSample) -> Option<u64>| f(&s).unwrap() - f(&before).unwrap();
+        assert_eq!(increase(|n| n.cpu_user_jiffies), 440);
+        assert_eq!(increase(|n| n.cpu_system_jiffies), 80);
+        assert_eq!(increase(|n| n.cpu_iowait_jiffies), 8);
+        assert_eq!(increase(|n| n.cpu_idle_jiffies), 272);
+        assert_eq!(increase(|n| n.cpu_steal_jiffies), 0);
         assert_eq!(s.memory_available_bytes, Some(1_876_525_796 * 1024));
         assert_eq!(
             s.memory_used_bytes,
@@ -463,86 +385,42 @@ mod tests {
         );
     }
 
-    /// Two readings of a synthetic one-CPU `stat` holding `cpu_fields`.
-    fn shares_between(before: &str, after: &str) -> NodeSample {
-        let stat = |fields: &str| {
-            format!(
-                "cpu  {fields}\ncpu0 {fields}\nintr 0\nctxt 10\nbtime 1717430400\nprocesses 5\n\
-                 procs_running 1\nprocs_blocked 0\nsoftirq 0 0 0 0 0 0 0 0 0 0 0\n"
-            )
-        };
+    /// One reading of a synthetic one-CPU `stat` whose lines hold `cpu_fields`.
+    fn counters_of(cpu_fields: &str) -> [Option<u64>; 5] {
+        let stat = format!(
+            "cpu  {cpu_fields}\ncpu0 {cpu_fields}\nintr 0\nctxt 10\nbtime 1717430400\nprocesses 5\n\
+             procs_running 1\nprocs_blocked 0\nsoftirq 0 0 0 0 0 0 0 0 0 0 0\n"
+        );
         let root = temp_root("proc");
-        let mut sampler = NodeSampler::new(root.path());
+        write(root.path(), STAT, &stat);
         let mut errors = Vec::new();
-        write(root.path(), STAT, &stat(before));
-        sample(&mut sampler, TS, &mut errors);
-        write(root.path(), STAT, &stat(after));
-        let s = sample(&mut sampler, TS + 1_000_000, &mut errors);
+        let s = sample(&mut NodeSampler::new(root.path()), TS, &mut errors);
         assert!(errors.is_empty(), "{errors:?}");
-        s
-    }
-
-    fn shares(s: &NodeSample) -> [Option<f32>; 4] {
         [
-            s.cpu_user_pct,
-            s.cpu_system_pct,
-            s.cpu_iowait_pct,
-            s.cpu_idle_pct,
+            s.cpu_user_jiffies,
+            s.cpu_system_jiffies,
+            s.cpu_iowait_jiffies,
+            s.cpu_idle_jiffies,
+            s.cpu_steal_jiffies,
         ]
     }
 
     #[test]
-    fn guest_time_is_not_counted_twice() {
-        // Δ: user 250 (of which guest 100), system 50, idle 200 → Δtotal 500, not 600.
-        let s = shares_between(
-            "100 0 50 800 10 0 0 0 40 0",
-            "350 0 100 1000 10 0 0 0 140 0",
-        );
-        assert_eq!(shares(&s), [Some(50.0), Some(10.0), Some(0.0), Some(40.0)]);
-    }
-
-    #[test]
-    fn steal_counts_in_the_total_but_in_no_share() {
-        // Δ: user 300, system 100, idle 500, steal 100 → Δtotal 1000.
-        let s = shares_between("0 0 0 0 0 0 0 0 0 0", "300 0 100 500 0 0 0 100 0 0");
-        assert_eq!(shares(&s), [Some(30.0), Some(10.0), Some(0.0), Some(50.0)]);
-    }
-
-    #[test]
-    fn a_counter_going_backwards_gives_no_shares_then_recovers() {
-        let backwards = shares_between(
-            "1000 0 100 5000 50 0 0 0 0 0",
-            "1100 0 100 5100 40 0 0 0 0 0",
-        );
-        assert_eq!(shares(&backwards), [None; 4]);
-
-        // The reading after the drop is the new baseline.
-        let root = temp_root("proc");
-        let mut sampler = NodeSampler::new(root.path());
-        let mut errors = Vec::new();
-        sample(&mut sampler, TS, &mut errors);
-        let mut lower = fixture_text("proc", STAT);
-        lower = lower.replacen("cpu  416699676 ", "cpu  416699000 ", 1);
-        write(root.path(), STAT, &lower);
+    fn guest_time_is_not_counted_twice_and_steal_is_its_own_counter() {
+        // user nice system idle iowait irq softirq steal guest guest_nice
         assert_eq!(
-            shares(&sample(&mut sampler, TS + 1_000_000, &mut errors)),
-            [None; 4]
+            counters_of("350 7 100 1000 10 3 5 60 140 2"),
+            [Some(357), Some(108), Some(10), Some(1000), Some(60)]
         );
-        let raised = lower.replacen(
-            "cpu  416699000 365035 54608094 146625695 ",
-            "cpu  416699100 365035 54608094 146625795 ",
-            1,
-        );
-        write(root.path(), STAT, &raised);
-        let s = sample(&mut sampler, TS + 2_000_000, &mut errors);
-        assert!(errors.is_empty(), "{errors:?}");
-        assert_eq!(shares(&s), [Some(50.0), Some(0.0), Some(0.0), Some(50.0)]);
     }
 
     #[test]
-    fn no_time_passing_gives_no_shares() {
-        let s = shares_between("100 0 50 800 10 0 0 0 0 0", "100 0 50 800 10 0 0 0 0 0");
-        assert_eq!(shares(&s), [None; 4]);
+    fn fields_an_old_kernel_does_not_write_count_as_zero() {
+        // Linux 2.4: user nice system idle only.
+        assert_eq!(
+            counters_of("350 7 100 1000"),
+            [Some(357), Some(100), Some(0), Some(1000), Some(0)]
+        );
     }
 
     #[test]
@@ -569,20 +447,6 @@ mod tests {
         assert_eq!(only_parse_error(&errors), root.path().join(STAT));
         assert_eq!(s.cpu_count, 0);
         assert_eq!(s.memory_total_bytes, Some(TOTAL_BYTES));
-    }
-
-    #[test]
-    fn a_failed_stat_keeps_the_previous_reading_as_baseline() {
-        let root = temp_root("proc");
-        let mut sampler = NodeSampler::new(root.path());
-        let mut errors = Vec::new();
-        sample(&mut sampler, TS, &mut errors);
-        write(root.path(), STAT, "garbage\n");
-        sample(&mut sampler, TS + 1_000_000, &mut errors);
-        assert_eq!(only_parse_error(&errors), root.path().join(STAT));
-        copy_files("proc-later", root.path());
-        let s = sample(&mut sampler, TS + 2_000_000, &mut errors);
-        assert_eq!(shares(&s), [Some(55.0), Some(10.0), Some(1.0), Some(34.0)]);
     }
 
     #[test]

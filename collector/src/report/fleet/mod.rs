@@ -15,6 +15,7 @@ mod trace;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
+use gputel_schemas::derive::{self, CpuJiffies, Reading};
 use object_store::ObjectStore;
 use serde::Serialize;
 
@@ -264,11 +265,16 @@ pub async fn fleet(
     let (mut nodes, intervals) = node_scan.devices(&mut names, &mut stats, true).await?;
     let mut cpu = Windowed::new(options.resample_us);
     let mut host_mem = Windowed::new(options.resample_us);
+    // Each node's last CPU counters: a row's shares are over the time since.
+    let mut last_cpu: HashMap<u32, CpuJiffies> = HashMap::new();
     node_scan
         .weighted(
             &[
-                "cpu_user_pct",
-                "cpu_system_pct",
+                "cpu_user_jiffies",
+                "cpu_system_jiffies",
+                "cpu_iowait_jiffies",
+                "cpu_idle_jiffies",
+                "cpu_steal_jiffies",
                 "memory_used_bytes",
                 "memory_total_bytes",
             ],
@@ -279,12 +285,18 @@ pub async fn fleet(
             |r| {
                 let w = r.weight_us as f64 / 1e6;
                 let c = |i: usize| r.batch.col(2 + i);
-                let busy = c(0).num(r.row).zip(c(1).num(r.row)).map(|(u, s)| u + s);
+                let counter = |i: usize| c(i).int(r.row).and_then(|v| u64::try_from(v).ok());
+                let now =
+                    CpuJiffies::of(counter(0), counter(1), counter(2), counter(3), counter(4));
+                let busy = now.and_then(|now| {
+                    let prev = last_cpu.insert(r.device, now)?;
+                    now.shares_since(&prev).map(|s| s.user + s.system)
+                });
                 cpu.add(r.device, r.ts_us, busy, w);
                 host_mem.add(
                     r.device,
                     r.ts_us,
-                    share(c(2).num(r.row), c(3).num(r.row)),
+                    share(c(5).num(r.row), c(6).num(r.row)),
                     w,
                 );
             },
@@ -322,9 +334,11 @@ pub async fn fleet(
             window,
         };
         let (mut ports, _) = ib_scan.devices(&mut names, &mut stats, false).await?;
+        // Each port's last reading of its data counters (transmitted, received).
+        let mut last: HashMap<u32, [Option<Reading>; 2]> = HashMap::new();
         ib_scan
             .weighted(
-                &["rate_gbps", "xmit_bytes_per_s", "rcv_bytes_per_s"],
+                &["rate_gbps", "xmit_bytes", "rcv_bytes"],
                 &mut names,
                 &mut ports,
                 &intervals,
@@ -332,13 +346,28 @@ pub async fn fleet(
                 |r| {
                     let w = r.weight_us as f64 / 1e6;
                     let c = |i: usize| r.batch.col(4 + i);
+                    let readings = last.entry(r.device).or_default();
+                    let mut per_s = [None; 2];
+                    for (i, (prev, rate)) in readings.iter_mut().zip(&mut per_s).enumerate() {
+                        let Some(value) = c(1 + i).int(r.row).and_then(|v| u64::try_from(v).ok())
+                        else {
+                            continue;
+                        };
+                        let now = Reading {
+                            ts_us: r.ts_us,
+                            value,
+                        };
+                        let sat = Some(derive::IB_SATURATED_BYTES);
+                        *rate = prev.and_then(|p| derive::per_second(p, now, sat));
+                        *prev = Some(now);
+                    }
                     // bytes/s × 8 / 1e9 is Gb/s; ports with no known rate are left out.
                     let Some(rate) = c(0).num(r.row).filter(|g| *g > 0.0) else {
                         return;
                     };
                     let of_rate = |b: Option<f64>| b.map(|b| 100.0 * b * 8.0 / 1e9 / rate);
-                    ib_share[0].add(r.device, r.ts_us, of_rate(c(1).num(r.row)), w);
-                    ib_share[1].add(r.device, r.ts_us, of_rate(c(2).num(r.row)), w);
+                    ib_share[0].add(r.device, r.ts_us, of_rate(per_s[0]), w);
+                    ib_share[1].add(r.device, r.ts_us, of_rate(per_s[1]), w);
                 },
             )
             .await?;

@@ -1,0 +1,218 @@
+//! What the store derives rather than holds: rates of the `ib` counters and
+//! CPU shares from the `node` jiffy counters. The tables keep counters only
+//! (a rate or a share is a difference of two rows, so storing it would
+//! repeat the counters in a form that compresses worse); the `node` and
+//! `ib` views of `schemas/sql/views.sql` add the derived columns, and the
+//! fleet report computes them with the functions here, by the same rules:
+//!
+//! - each counter is compared with its own last non-null reading on the
+//!   same device (an unreadable file leaves one row null, and the next
+//!   increase spans both intervals);
+//! - a reading lower than the previous one is a reset (port reset, driver
+//!   reload, `perfquery -R`, reboot) and, as in Prometheus' `rate()`, the new
+//!   value is the whole increase since it: a lower bound;
+//! - a legacy 32-bit IB counter stopped at 2^32 - 1 has no rate;
+//! - CPU shares need every group to have grown or held (the aggregate
+//!   iowait may go backwards, and a reboot resets them all) and some time
+//!   to have passed.
+
+/// Where a legacy 32-bit IB packet counter stops: 2^32 - 1.
+pub const IB_SATURATED_PACKETS: u64 = u32::MAX as u64;
+/// Where a legacy 32-bit IB data counter stops, in bytes: it counts 4-byte words.
+pub const IB_SATURATED_BYTES: u64 = 4 * IB_SATURATED_PACKETS;
+
+/// One reading of a counter and its time, µs since the epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reading {
+    pub ts_us: i64,
+    pub value: u64,
+}
+
+/// Per second from `prev` to `now`; None unless time moved forward, or when
+/// `now` is `saturated_at` (a counter that no longer counts).
+pub fn per_second(prev: Reading, now: Reading, saturated_at: Option<u64>) -> Option<f64> {
+    if saturated_at == Some(now.value) {
+        return None;
+    }
+    let elapsed_us = now.ts_us.checked_sub(prev.ts_us).filter(|&dt| dt > 0)?;
+    let increase = if now.value >= prev.value {
+        now.value - prev.value
+    } else {
+        now.value
+    };
+    Some(increase as f64 / (elapsed_us as f64 / 1e6))
+}
+
+/// A `node` row's CPU counters, in jiffies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuJiffies {
+    pub user: u64,
+    pub system: u64,
+    pub iowait: u64,
+    pub idle: u64,
+    pub steal: u64,
+}
+
+/// Shares of all CPUs' time over an interval, in percent; they add up to 100.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CpuShares {
+    pub user: f64,
+    pub system: f64,
+    pub iowait: f64,
+    pub idle: f64,
+    pub steal: f64,
+}
+
+impl CpuJiffies {
+    /// The row's five counters, when all are there.
+    pub fn of(
+        user: Option<u64>,
+        system: Option<u64>,
+        iowait: Option<u64>,
+        idle: Option<u64>,
+        steal: Option<u64>,
+    ) -> Option<Self> {
+        Some(Self {
+            user: user?,
+            system: system?,
+            iowait: iowait?,
+            idle: idle?,
+            steal: steal?,
+        })
+    }
+
+    /// Each group's share of the time from `prev` to `self`: 100 × Δgroup /
+    /// Δ(sum of the groups). None when a counter went backwards or no CPU
+    /// time passed.
+    pub fn shares_since(&self, prev: &Self) -> Option<CpuShares> {
+        let d = |now: u64, before: u64| now.checked_sub(before);
+        let parts = [
+            d(self.user, prev.user)?,
+            d(self.system, prev.system)?,
+            d(self.iowait, prev.iowait)?,
+            d(self.idle, prev.idle)?,
+            d(self.steal, prev.steal)?,
+        ];
+        let total = parts.iter().try_fold(0u64, |a, &b| a.checked_add(b))?;
+        if total == 0 {
+            return None;
+        }
+        // Multiplying before dividing keeps whole-number shares exact, as
+        // the view's 100.0 * Δ / Δtotal does.
+        let pct = |part: u64| 100.0 * part as f64 / total as f64;
+        Some(CpuShares {
+            user: pct(parts[0]),
+            system: pct(parts[1]),
+            iowait: pct(parts[2]),
+            idle: pct(parts[3]),
+            steal: pct(parts[4]),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: i64 = 1_000_000;
+
+    fn at(ts_us: i64, value: u64) -> Reading {
+        Reading { ts_us, value }
+    }
+
+    #[test]
+    fn a_rate_is_the_increase_over_the_time_between_readings() {
+        assert_eq!(per_second(at(0, 100), at(S, 1_100), None), Some(1_000.0));
+        assert_eq!(per_second(at(0, 100), at(15 * S, 1_600), None), Some(100.0));
+        assert_eq!(per_second(at(0, 100), at(S / 2, 100), None), Some(0.0));
+    }
+
+    #[test]
+    fn no_time_or_time_going_back_gives_no_rate() {
+        assert_eq!(per_second(at(S, 100), at(S, 200), None), None);
+        assert_eq!(per_second(at(2 * S, 100), at(S, 200), None), None);
+    }
+
+    #[test]
+    fn a_reset_counts_the_new_value_as_the_increase() {
+        assert_eq!(
+            per_second(at(0, 5_000), at(2 * S, 2_000), None),
+            Some(1_000.0)
+        );
+    }
+
+    #[test]
+    fn a_saturated_legacy_counter_has_no_rate_until_it_is_cleared() {
+        let sat = Some(IB_SATURATED_BYTES);
+        assert_eq!(
+            per_second(
+                at(0, IB_SATURATED_BYTES - 1_180),
+                at(S, IB_SATURATED_BYTES),
+                sat
+            ),
+            None
+        );
+        assert_eq!(
+            per_second(
+                at(S, IB_SATURATED_BYTES),
+                at(2 * S, IB_SATURATED_BYTES),
+                sat
+            ),
+            None
+        );
+        assert_eq!(
+            per_second(at(2 * S, IB_SATURATED_BYTES), at(3 * S, 4_000), sat),
+            Some(4_000.0)
+        );
+    }
+
+    fn jiffies(user: u64, system: u64, iowait: u64, idle: u64, steal: u64) -> CpuJiffies {
+        CpuJiffies {
+            user,
+            system,
+            iowait,
+            idle,
+            steal,
+        }
+    }
+
+    #[test]
+    fn shares_are_exact_over_whole_jiffies() {
+        // The fixtures proc → proc-later: one second of 8 CPUs.
+        let before = jiffies(417_064_711, 57_332_035, 1_057_559, 146_625_695, 0);
+        let after = jiffies(417_065_151, 57_332_115, 1_057_567, 146_625_967, 0);
+        assert_eq!(
+            after.shares_since(&before),
+            Some(CpuShares {
+                user: 55.0,
+                system: 10.0,
+                iowait: 1.0,
+                idle: 34.0,
+                steal: 0.0
+            })
+        );
+    }
+
+    #[test]
+    fn steal_is_a_share_of_its_own() {
+        let s = jiffies(300, 100, 0, 500, 100).shares_since(&jiffies(0, 0, 0, 0, 0));
+        assert_eq!(
+            s.map(|s| (s.user, s.idle, s.steal)),
+            Some((30.0, 50.0, 10.0))
+        );
+    }
+
+    #[test]
+    fn a_counter_going_backwards_or_no_time_gives_no_shares() {
+        let before = jiffies(1_000, 100, 50, 5_000, 0);
+        assert_eq!(
+            jiffies(1_100, 100, 40, 5_100, 0).shares_since(&before),
+            None
+        );
+        assert_eq!(before.shares_since(&before), None);
+        assert_eq!(
+            CpuJiffies::of(Some(1), Some(1), None, Some(1), Some(0)),
+            None
+        );
+    }
+}
