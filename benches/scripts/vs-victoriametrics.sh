@@ -47,7 +47,8 @@ metric_columns() { # FILE KEYS...
   local file=$1 names counts
   shift
   local keys_in
-  keys_in=$(printf "'%s'," ts "$@")
+  # date and hour: the partition columns DuckDB reads from the file's path.
+  keys_in=$(printf "'%s'," ts date hour "$@")
   names=$("$DUCKDB" -noheader -list -c "SELECT column_name FROM (DESCRIBE SELECT * FROM '$file')
     WHERE (column_type IN ('TINYINT', 'SMALLINT', 'INTEGER', 'BIGINT', 'UTINYINT', 'USMALLINT',
                            'UINTEGER', 'UBIGINT', 'FLOAT', 'DOUBLE')
