@@ -88,6 +88,22 @@ COPY (
                      AS epoch
           FROM range(300) r(s), range(2) q(p))
 ) TO 'store/ib' (FORMAT parquet, COMPRESSION zstd, PARTITION_BY (date, hour));
+-- mlx5_2 as a file written before the counters-only schema: its rates stored.
+COPY (
+    SELECT TIMESTAMPTZ '2026-11-02 08:58:00+00' + to_seconds(s) AS ts, 'n1' AS node,
+           'mlx5_2' AS device, 1 AS port, 'ACTIVE' AS state, 400.0::DOUBLE AS rate_gbps,
+           (hash(s, 2) % 50e9)::DOUBLE AS xmit_bytes_per_s,
+           (hash(2, s) % 20e9)::DOUBLE AS rcv_bytes_per_s
+    FROM range(120) r(s)
+) TO 'store/ib/date=2026-11-02/hour=08/rates.parquet' (FORMAT parquet, COMPRESSION zstd);
+-- And n2's first three minutes of node rows, with CPU shares stored.
+COPY (
+    SELECT TIMESTAMPTZ '2026-11-02 08:55:00+00' + to_seconds(s * 15) AS ts, 'n2' AS node,
+           (hash('n2', s) % 60)::FLOAT AS cpu_user_pct, (hash(s, 'n2') % 20)::FLOAT AS cpu_system_pct,
+           (512 * 2^30)::BIGINT AS memory_total_bytes,
+           ((hash(s, 6) % 400) * 2^30)::BIGINT AS memory_used_bytes
+    FROM range(12) r(s)
+) TO 'store/node/date=2026-11-02/hour=08/shares.parquet' (FORMAT parquet, COMPRESSION zstd);
 COPY (
     SELECT TIMESTAMPTZ '2026-11-02 08:58:00+00' + to_seconds(at_s) AS ts, node, gpu,
            node || '-' || gpu AS uuid, 'xid' AS kind, code::BIGINT AS code, job_id,

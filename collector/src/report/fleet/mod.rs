@@ -277,6 +277,9 @@ pub async fn fleet(
                 "cpu_steal_jiffies",
                 "memory_used_bytes",
                 "memory_total_bytes",
+                // Files written before the counters hold the shares.
+                "cpu_user_pct",
+                "cpu_system_pct",
             ],
             &mut names,
             &mut nodes,
@@ -288,10 +291,12 @@ pub async fn fleet(
                 let counter = |i: usize| c(i).int(r.row).and_then(|v| u64::try_from(v).ok());
                 let now =
                     CpuJiffies::of(counter(0), counter(1), counter(2), counter(3), counter(4));
-                let busy = now.and_then(|now| {
-                    let prev = last_cpu.insert(r.device, now)?;
-                    now.shares_since(&prev).map(|s| s.user + s.system)
-                });
+                let busy = now
+                    .and_then(|now| {
+                        let prev = last_cpu.insert(r.device, now)?;
+                        now.shares_since(&prev).map(|s| s.user + s.system)
+                    })
+                    .or_else(|| c(7).num(r.row).zip(c(8).num(r.row)).map(|(u, s)| u + s));
                 cpu.add(r.device, r.ts_us, busy, w);
                 host_mem.add(
                     r.device,
@@ -338,7 +343,14 @@ pub async fn fleet(
         let mut last: HashMap<u32, [Option<Reading>; 2]> = HashMap::new();
         ib_scan
             .weighted(
-                &["rate_gbps", "xmit_bytes", "rcv_bytes"],
+                // Files written before the counters-only schema hold the rates.
+                &[
+                    "rate_gbps",
+                    "xmit_bytes",
+                    "rcv_bytes",
+                    "xmit_bytes_per_s",
+                    "rcv_bytes_per_s",
+                ],
                 &mut names,
                 &mut ports,
                 &intervals,
@@ -360,6 +372,9 @@ pub async fn fleet(
                         let sat = Some(derive::IB_SATURATED_BYTES);
                         *rate = prev.and_then(|p| derive::per_second(p, now, sat));
                         *prev = Some(now);
+                    }
+                    for (i, rate) in per_s.iter_mut().enumerate() {
+                        *rate = rate.or_else(|| c(3 + i).num(r.row));
                     }
                     // bytes/s × 8 / 1e9 is Gb/s; ports with no known rate are left out.
                     let Some(rate) = c(0).num(r.row).filter(|g| *g > 0.0) else {
