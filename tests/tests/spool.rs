@@ -10,7 +10,6 @@ use gputel_tests::{
     Running, assert_gpu_rows_exactly_once, duckdb_value, fixture_agent, start_collector,
     summary_field, table_scan, unused_port,
 };
-use serde_json::json;
 
 fn field(summary: &str, key: &str) -> u64 {
     let value = summary_field(summary, key);
