@@ -411,14 +411,8 @@ fn print_summary(batches: &[AgentBatch]) {
             }
         }
         for n in &b.batch.node {
-            let all = [
-                n.cpu_user_jiffies,
-                n.cpu_system_jiffies,
-                n.cpu_iowait_jiffies,
-                n.cpu_idle_jiffies,
-                n.cpu_steal_jiffies,
-            ];
-            if let (Some(user), Some(total)) = (n.cpu_user_jiffies, all.iter().copied().sum()) {
+            let cpu = gputel_schemas::derive::CpuJiffies::of_row(n);
+            if let Some((user, total)) = cpu.and_then(|c| Some((c.user, c.total()?))) {
                 let e = hosts.entry(&b.node).or_insert([(user, total); 2]);
                 e[1] = (user, total);
             }

@@ -16,6 +16,7 @@ use arrow_schema::DataType;
 use gputel_collector::buffer::WriteBuffer;
 use gputel_collector::validate::validate_batch;
 use gputel_proto::{Batch, GpuSample, IbPortSample, NodeSample};
+use gputel_schemas::derive::CpuJiffies;
 use gputel_schemas::{PartitionKey, Table};
 
 /// 2024-06-12T16:00:00Z, an hour boundary: a simulated hour is one partition.
@@ -562,7 +563,7 @@ impl SimNode {
         let jiffies = |share: f64| (total * share.max(0.0)).round() as u64;
         let (user, system, iowait) = (jiffies(user), jiffies(system), jiffies(iowait));
         let idle = (total as u64).saturating_sub(user + system + iowait);
-        let cpu = add_jiffies(&mut self.cpu_jiffies, [user, system, iowait, idle, 0]);
+        let cpu_tick = [user, system, iowait, idle, 0];
 
         // Page cache grows under training I/O and drops after checkpoints.
         let drift_kib = match phase {
@@ -588,7 +589,7 @@ impl SimNode {
         }
         let two_decimals = |v: f64| ((v * 100.0).round() / 100.0) as f32;
 
-        NodeSample {
+        let mut row = NodeSample {
             ts_us,
             cpu_count: CPUS,
             memory_total_bytes: Some(total_bytes),
@@ -597,8 +598,10 @@ impl SimNode {
             load1: Some(two_decimals(self.load[0])),
             load5: Some(two_decimals(self.load[1])),
             load15: Some(two_decimals(self.load[2])),
-            ..cpu
-        }
+            ..NodeSample::default()
+        };
+        add_jiffies(&mut self.cpu_jiffies, cpu_tick, &mut row);
+        row
     }
 }
 
@@ -754,20 +757,20 @@ fn idle_port_bytes(dt: f64, rng: &mut Rng) -> f64 {
 }
 
 /// Adds one tick's jiffies (user, system, iowait, idle, steal) to the
-/// node's counters: a row with those counters in its CPU fields.
-fn add_jiffies(counters: &mut [u64; 5], tick: [u64; 5]) -> NodeSample {
+/// node's counters and puts the counters in `row`'s CPU fields.
+fn add_jiffies(counters: &mut [u64; 5], tick: [u64; 5], row: &mut NodeSample) {
     for (c, t) in counters.iter_mut().zip(tick) {
         *c += t;
     }
-    let [user, system, iowait, idle, steal] = counters.map(Some);
-    NodeSample {
-        cpu_user_jiffies: user,
-        cpu_system_jiffies: system,
-        cpu_iowait_jiffies: iowait,
-        cpu_idle_jiffies: idle,
-        cpu_steal_jiffies: steal,
-        ..NodeSample::default()
+    let [user, system, iowait, idle, steal] = *counters;
+    CpuJiffies {
+        user,
+        system,
+        iowait,
+        idle,
+        steal,
     }
+    .write_to(row);
 }
 
 /// [`Values::Noise`]: a node row's gauges drawn uniformly over their range,
@@ -782,23 +785,19 @@ fn node_noise(sample: NodeSample, cpu: &mut [u64; 5], dt: f64, rng: &mut Rng) ->
     };
     let (user, system, iowait, steal) = (jiffies(), jiffies(), jiffies(), jiffies());
     let idle = total - user - system - iowait - steal;
-    let cpu = add_jiffies(cpu, [user, system, iowait, idle, steal]);
     let total_bytes = MEM_TOTAL_KIB * 1024;
     let available = rng.range(0.0, MEM_TOTAL_KIB as f64) as u64 * 1024;
     let mut load = || Some((rng.range(0.0, f64::from(CPUS)) * 100.0).round() as f32 / 100.0);
-    NodeSample {
-        cpu_user_jiffies: cpu.cpu_user_jiffies,
-        cpu_system_jiffies: cpu.cpu_system_jiffies,
-        cpu_iowait_jiffies: cpu.cpu_iowait_jiffies,
-        cpu_idle_jiffies: cpu.cpu_idle_jiffies,
-        cpu_steal_jiffies: cpu.cpu_steal_jiffies,
+    let mut row = NodeSample {
         memory_used_bytes: Some(total_bytes - available),
         memory_available_bytes: Some(available),
         load1: load(),
         load5: load(),
         load15: load(),
         ..sample
-    }
+    };
+    add_jiffies(cpu, [user, system, iowait, idle, steal], &mut row);
+    row
 }
 
 impl GpuSim {
@@ -1073,15 +1072,8 @@ mod tests {
 
     /// All the CPU time a node row counts.
     fn cpu_jiffies(n: &NodeSample) -> u64 {
-        [
-            n.cpu_user_jiffies,
-            n.cpu_system_jiffies,
-            n.cpu_iowait_jiffies,
-            n.cpu_idle_jiffies,
-            n.cpu_steal_jiffies,
-        ]
-        .iter()
-        .map(|j| j.unwrap())
-        .sum()
+        CpuJiffies::of_row(n)
+            .and_then(|c| c.total())
+            .expect("five counters")
     }
 }

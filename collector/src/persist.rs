@@ -187,9 +187,8 @@ pub fn sort_and_encode(
         source,
     };
     let indices = sort_indices(table, batch).map_err(sort_error)?;
-    let mut buf = Vec::with_capacity(batch.get_array_memory_size() / 4 + 4096);
-    let mut writer = ArrowWriter::try_new(&mut buf, table.schema(), Some(writer_properties(table)))
-        .map_err(encode_error)?;
+    let mut writer =
+        in_memory_writer(table.schema(), writer_properties(table), batch).map_err(encode_error)?;
     let mut start = 0;
     while start < indices.len() {
         let len = ENCODE_SLICE_ROWS.min(indices.len() - start);
@@ -197,8 +196,23 @@ pub fn sort_and_encode(
         writer.write(&rows).map_err(encode_error)?;
         start += len;
     }
-    writer.close().map_err(encode_error)?;
-    Ok(Bytes::from(buf))
+    finish(writer).map_err(encode_error)
+}
+
+/// A Parquet writer into memory for the rows of `rows`, its buffer sized for
+/// them (encoded and compressed, they take a fraction of their Arrow size).
+fn in_memory_writer(
+    schema: Arc<Schema>,
+    props: WriterProperties,
+    rows: &RecordBatch,
+) -> Result<ArrowWriter<Vec<u8>>, ParquetError> {
+    let buf = Vec::with_capacity(rows.get_array_memory_size() / 4 + 4096);
+    ArrowWriter::try_new(buf, schema, Some(props))
+}
+
+/// The complete file: the writer's pages and its footer.
+fn finish(writer: ArrowWriter<Vec<u8>>) -> Result<Bytes, ParquetError> {
+    writer.into_inner().map(Bytes::from)
 }
 
 /// Encodes one record batch (already sorted) as a complete Parquet file.
@@ -216,11 +230,9 @@ pub fn encode_with(
     props: WriterProperties,
     batch: &RecordBatch,
 ) -> Result<Bytes, ParquetError> {
-    let mut buf = Vec::with_capacity(batch.get_array_memory_size() / 4 + 4096);
-    let mut writer = ArrowWriter::try_new(&mut buf, schema, Some(props))?;
+    let mut writer = in_memory_writer(schema, props, batch)?;
     writer.write(batch)?;
-    writer.close()?;
-    Ok(Bytes::from(buf))
+    finish(writer)
 }
 
 /// Sorts, encodes and stores one file. The object store makes the file

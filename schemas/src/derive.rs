@@ -16,6 +16,8 @@
 //!   iowait may go backwards, and a reboot resets them all) and some time
 //!   to have passed.
 
+use gputel_proto::NodeSample;
+
 /// Where a legacy 32-bit IB packet counter stops: 2^32 - 1.
 pub const IB_SATURATED_PACKETS: u64 = u32::MAX as u64;
 /// Where a legacy 32-bit IB data counter stops, in bytes: it counts 4-byte words.
@@ -81,31 +83,54 @@ impl CpuJiffies {
         })
     }
 
+    /// A node row's counters, when all five are there.
+    pub fn of_row(row: &NodeSample) -> Option<Self> {
+        Self::of(
+            row.cpu_user_jiffies,
+            row.cpu_system_jiffies,
+            row.cpu_iowait_jiffies,
+            row.cpu_idle_jiffies,
+            row.cpu_steal_jiffies,
+        )
+    }
+
+    /// Sets a node row's five counters.
+    pub fn write_to(&self, row: &mut NodeSample) {
+        row.cpu_user_jiffies = Some(self.user);
+        row.cpu_system_jiffies = Some(self.system);
+        row.cpu_iowait_jiffies = Some(self.iowait);
+        row.cpu_idle_jiffies = Some(self.idle);
+        row.cpu_steal_jiffies = Some(self.steal);
+    }
+
+    /// All the CPU time they count; None past u64 (no machine gets there).
+    pub fn total(&self) -> Option<u64> {
+        [self.user, self.system, self.iowait, self.idle, self.steal]
+            .into_iter()
+            .try_fold(0u64, u64::checked_add)
+    }
+
     /// Each group's share of the time from `prev` to `self`: 100 × Δgroup /
     /// Δ(sum of the groups). None when a counter went backwards or no CPU
     /// time passed.
     pub fn shares_since(&self, prev: &Self) -> Option<CpuShares> {
-        let d = |now: u64, before: u64| now.checked_sub(before);
-        let parts = [
-            d(self.user, prev.user)?,
-            d(self.system, prev.system)?,
-            d(self.iowait, prev.iowait)?,
-            d(self.idle, prev.idle)?,
-            d(self.steal, prev.steal)?,
-        ];
-        let total = parts.iter().try_fold(0u64, |a, &b| a.checked_add(b))?;
-        if total == 0 {
-            return None;
-        }
+        let d = CpuJiffies {
+            user: self.user.checked_sub(prev.user)?,
+            system: self.system.checked_sub(prev.system)?,
+            iowait: self.iowait.checked_sub(prev.iowait)?,
+            idle: self.idle.checked_sub(prev.idle)?,
+            steal: self.steal.checked_sub(prev.steal)?,
+        };
+        let total = d.total().filter(|&t| t > 0)? as f64;
         // Multiplying before dividing keeps whole-number shares exact, as
         // the view's 100.0 * Δ / Δtotal does.
-        let pct = |part: u64| 100.0 * part as f64 / total as f64;
+        let pct = |part: u64| 100.0 * part as f64 / total;
         Some(CpuShares {
-            user: pct(parts[0]),
-            system: pct(parts[1]),
-            iowait: pct(parts[2]),
-            idle: pct(parts[3]),
-            steal: pct(parts[4]),
+            user: pct(d.user),
+            system: pct(d.system),
+            iowait: pct(d.iowait),
+            idle: pct(d.idle),
+            steal: pct(d.steal),
         })
     }
 }

@@ -79,8 +79,8 @@ pub(super) const NODE_METRICS: &[RowMetric<NodeSample>] = &[
 pub(super) const NODE_CPU: &str = "gputel_node_cpu_seconds_total";
 pub(super) const NODE_CPU_HELP: &str = "Seconds all CPUs spent in each mode since boot (user: user + nice; system: system + irq + softirq).";
 /// A CPU mode's counter, in jiffies (USER_HZ ticks), from a node row.
-type CpuJiffies = fn(&NodeSample) -> Option<u64>;
-pub(super) const NODE_CPU_MODES: &[(&str, CpuJiffies)] = &[
+type CpuCounter = fn(&NodeSample) -> Option<u64>;
+pub(super) const NODE_CPU_MODES: &[(&str, CpuCounter)] = &[
     ("user", |n| n.cpu_user_jiffies),
     ("system", |n| n.cpu_system_jiffies),
     ("iowait", |n| n.cpu_iowait_jiffies),

@@ -19,6 +19,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use gputel_proto::NodeSample;
+use gputel_schemas::derive::CpuJiffies;
 use procfs::{CpuTime, FromRead, FromReadSI, KernelStats, LoadAverage, Meminfo, ProcError};
 
 use super::rapl::Rapl;
@@ -63,12 +64,7 @@ impl NodeSampler {
         match self.read_stat() {
             Ok(stat) => {
                 sample.cpu_count = u32::try_from(stat.cpu_time.len()).unwrap_or(u32::MAX);
-                let cpu = CpuJiffies::from(&stat.total);
-                sample.cpu_user_jiffies = Some(cpu.user);
-                sample.cpu_system_jiffies = Some(cpu.system);
-                sample.cpu_iowait_jiffies = Some(cpu.iowait);
-                sample.cpu_idle_jiffies = Some(cpu.idle);
-                sample.cpu_steal_jiffies = Some(cpu.steal);
+                cpu_jiffies(&stat.total).write_to(&mut sample);
             }
             Err(e) => errors.push(e),
         }
@@ -163,36 +159,24 @@ fn memory_used(mem: &Meminfo) -> u64 {
 }
 
 /// The aggregate `cpu` line of `/proc/stat` in the five groups the node row
-/// stores, in jiffies (USER_HZ ticks). Fields older kernels do not write
-/// count as 0; a sum that would overflow saturates (it cannot, on a kernel's
-/// 64-bit counters, in the lifetime of a machine).
+/// stores, in jiffies (USER_HZ ticks): user + nice, system + irq + softirq,
+/// iowait, idle, steal. Fields older kernels do not write count as 0; a sum
+/// that would overflow saturates (it cannot, on a kernel's 64-bit counters,
+/// in the lifetime of a machine).
 ///
 /// guest and guest_nice are left out: the kernel already counts guest time
 /// inside user (and guest_nice inside nice), so adding them would count it
 /// twice. The five add up to all the CPU time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct CpuJiffies {
-    /// user + nice.
-    user: u64,
-    /// system + irq + softirq.
-    system: u64,
-    iowait: u64,
-    idle: u64,
-    steal: u64,
-}
-
-impl From<&CpuTime> for CpuJiffies {
-    fn from(t: &CpuTime) -> Self {
-        Self {
-            user: t.user.saturating_add(t.nice),
-            system: t
-                .system
-                .saturating_add(t.irq.unwrap_or(0))
-                .saturating_add(t.softirq.unwrap_or(0)),
-            iowait: t.iowait.unwrap_or(0),
-            idle: t.idle,
-            steal: t.steal.unwrap_or(0),
-        }
+fn cpu_jiffies(t: &CpuTime) -> CpuJiffies {
+    CpuJiffies {
+        user: t.user.saturating_add(t.nice),
+        system: t
+            .system
+            .saturating_add(t.irq.unwrap_or(0))
+            .saturating_add(t.softirq.unwrap_or(0)),
+        iowait: t.iowait.unwrap_or(0),
+        idle: t.idle,
+        steal: t.steal.unwrap_or(0),
     }
 }
 

@@ -288,7 +288,7 @@ pub async fn fleet(
             |r| {
                 let w = r.weight_us as f64 / 1e6;
                 let c = |i: usize| r.batch.col(2 + i);
-                let counter = |i: usize| c(i).int(r.row).and_then(|v| u64::try_from(v).ok());
+                let counter = |i: usize| c(i).counter(r.row);
                 let now =
                     CpuJiffies::of(counter(0), counter(1), counter(2), counter(3), counter(4));
                 let busy = now
@@ -361,8 +361,7 @@ pub async fn fleet(
                     let readings = last.entry(r.device).or_default();
                     let mut per_s = [None; 2];
                     for (i, (prev, rate)) in readings.iter_mut().zip(&mut per_s).enumerate() {
-                        let Some(value) = c(1 + i).int(r.row).and_then(|v| u64::try_from(v).ok())
-                        else {
+                        let Some(value) = c(1 + i).counter(r.row) else {
                             continue;
                         };
                         let now = Reading {

@@ -164,6 +164,11 @@ impl Col {
         }
     }
 
+    /// A counter's value: an integer that cannot be negative.
+    pub fn counter(&self, row: usize) -> Option<u64> {
+        self.int(row).and_then(|v| u64::try_from(v).ok())
+    }
+
     /// A number as a float.
     pub fn num(&self, row: usize) -> Option<f64> {
         match self {
