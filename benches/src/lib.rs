@@ -762,15 +762,7 @@ fn add_jiffies(counters: &mut [u64; 5], tick: [u64; 5], row: &mut NodeSample) {
     for (c, t) in counters.iter_mut().zip(tick) {
         *c += t;
     }
-    let [user, system, iowait, idle, steal] = *counters;
-    CpuJiffies {
-        user,
-        system,
-        iowait,
-        idle,
-        steal,
-    }
-    .write_to(row);
+    CpuJiffies::from(*counters).write_to(row);
 }
 
 /// [`Values::Noise`]: a node row's gauges drawn uniformly over their range,

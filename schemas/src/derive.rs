@@ -65,6 +65,19 @@ pub struct CpuShares {
     pub steal: f64,
 }
 
+impl From<[u64; 5]> for CpuJiffies {
+    /// user, system, iowait, idle, steal, in that order.
+    fn from([user, system, iowait, idle, steal]: [u64; 5]) -> Self {
+        Self {
+            user,
+            system,
+            iowait,
+            idle,
+            steal,
+        }
+    }
+}
+
 impl CpuJiffies {
     /// The row's five counters, when all are there.
     pub fn of(
@@ -192,13 +205,7 @@ mod tests {
     }
 
     fn jiffies(user: u64, system: u64, iowait: u64, idle: u64, steal: u64) -> CpuJiffies {
-        CpuJiffies {
-            user,
-            system,
-            iowait,
-            idle,
-            steal,
-        }
+        CpuJiffies::from([user, system, iowait, idle, steal])
     }
 
     #[test]
