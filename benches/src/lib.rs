@@ -290,6 +290,9 @@ pub struct SimNode {
     cpu_jiffies: [u64; 5],
     load: [f64; 3],
     values: Values,
+    every_field: bool,
+    /// [`every_node_field`]'s energy counters: packages, DRAM.
+    rapl_energy_uj: [u64; 2],
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -408,6 +411,8 @@ impl SimNode {
             },
             load: [if busy { 24.0 } else { 1.0 }; 3],
             values: Values::Realistic,
+            every_field: false,
+            rapl_energy_uj: [0; 2],
             rng,
         };
         node.start_phase();
@@ -417,6 +422,16 @@ impl SimNode {
     /// The same node, reporting `values` from its next tick on.
     pub fn with_values(mut self, values: Values) -> Self {
         self.values = values;
+        self
+    }
+
+    /// The same node, also filling every field a real HGX H100 node under
+    /// Slurm reports ([`every_gpu_field`], [`every_port_field`],
+    /// [`every_node_field`]), not only those the realistic mode draws; the
+    /// added values are derived from the drawn ones, so the drawn ones are
+    /// the same either way.
+    pub fn with_every_field(mut self, every_field: bool) -> Self {
+        self.every_field = every_field;
         self
     }
 
@@ -485,7 +500,7 @@ impl SimNode {
 
         let job_id = &self.job_id;
         let noise = self.values == Values::Noise;
-        let gpu = self
+        let gpu: Vec<GpuSample> = self
             .gpus
             .iter_mut()
             .map(|g| {
@@ -514,7 +529,7 @@ impl SimNode {
         };
         let end_s = self.elapsed_us as f64 / SECOND_US as f64;
         let burst_s = all_reduce_seconds(end_s - dt, end_s, self.iter_period_s);
-        let ib = self
+        let ib: Vec<IbPortSample> = self
             .ports
             .iter_mut()
             .map(|p| {
@@ -528,6 +543,16 @@ impl SimNode {
                 }
             })
             .collect();
+        let (gpu, node, ib) = if self.every_field {
+            let jobs = self.job_id.iter().cloned().collect();
+            (
+                gpu.into_iter().map(|s| every_gpu_field(s, phase)).collect(),
+                every_node_field(node, jobs, &mut self.rapl_energy_uj, dt),
+                ib.into_iter().map(every_port_field).collect(),
+            )
+        } else {
+            (gpu, node, ib)
+        };
         Batch {
             seq: self.seq,
             gpu,
@@ -602,6 +627,140 @@ impl SimNode {
         };
         add_jiffies(&mut self.cpu_jiffies, cpu_tick, &mut row);
         row
+    }
+}
+
+/// PCI bus of each GPU of an HGX H100 board, as NVML prints it.
+const HGX_BUSES: [u8; 8] = [0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb];
+
+/// [`SimNode::with_every_field`]: what an H100 SXM reports beyond the drawn
+/// fields, outside MIG mode and under Slurm (so no pod): the fields NVML
+/// answers on it. Retired pages (row remapping replaced them) and the fan
+/// (an SXM board has none) stay unset, as NVML answers "not supported".
+/// Profiling metrics follow utilization, the clock-event reasons the phase
+/// and the power draw; error counters are zero, as on a healthy GPU.
+fn every_gpu_field(s: GpuSample, phase: Phase) -> GpuSample {
+    let util = f64::from(s.gpu_util_pct.unwrap_or(0));
+    let copy = f64::from(s.memory_copy_util_pct.unwrap_or(0));
+    let power_mw = s.power_mw.unwrap_or(0);
+    let pct = |v: f64| Some(((v * 10.0).round() / 10.0) as f32);
+    let reasons = match phase {
+        Phase::Idle => gputel_proto::clock_event_reasons::GPU_IDLE,
+        _ if power_mw > 660_000 => gputel_proto::clock_event_reasons::SW_POWER_CAP,
+        _ => 0,
+    };
+    // NVLink carries the tensor-parallel traffic while training.
+    let nvlink = match phase {
+        Phase::Train => (copy * 2.5e9) as u64,
+        _ => 0,
+    };
+    GpuSample {
+        pci_bus_id: Some(format!(
+            "00000000:{:02X}:00.0",
+            HGX_BUSES[s.gpu as usize % HGX_BUSES.len()]
+        )),
+        enc_util_pct: Some(0),
+        dec_util_pct: Some(0),
+        fb_reserved_bytes: Some(FB_RESERVED),
+        sm_active_pct: pct(util * 0.82),
+        sm_occupancy_pct: pct(util * 0.31),
+        tensor_active_pct: pct(util * 0.47),
+        dram_active_pct: pct(copy * 1.4),
+        gr_engine_active_pct: pct(util * 0.97),
+        profiling_source: Some(gputel_proto::ProfilingSource::Gpm as i32),
+        power_limit_mw: Some(700_000),
+        power_avg_mw: Some(power_mw),
+        clock_event_reasons: Some(reasons),
+        ecc_corrected_volatile: Some(0),
+        ecc_uncorrected_volatile: Some(0),
+        ecc_corrected_aggregate: Some(0),
+        ecc_uncorrected_aggregate: Some(0),
+        remapped_rows_corrected: Some(0),
+        remapped_rows_uncorrected: Some(0),
+        remapped_rows_pending: Some(false),
+        remapped_rows_failure: Some(false),
+        pcie_replay_count: Some(0),
+        pcie_tx_bytes_per_s: Some((copy * 1.0e8) as u64),
+        pcie_rx_bytes_per_s: Some((copy * 1.2e8) as u64),
+        nvlink_tx_bytes_per_s: Some(nvlink),
+        nvlink_rx_bytes_per_s: Some(nvlink),
+        mig_mode: Some(false),
+        pcie_link_gen: Some(if phase == Phase::Idle { 1 } else { 5 }),
+        pcie_link_gen_max: Some(5),
+        pcie_link_width: Some(16),
+        pcie_link_width_max: Some(16),
+        performance_state: Some(0),
+        ..s
+    }
+}
+
+/// [`SimNode::with_every_field`]: a ConnectX-7 port's identity and the
+/// counters the drawn ones leave unset. On a healthy fabric the error
+/// counters stay at zero; unicast packets are the data packets.
+fn every_port_field(p: IbPortSample) -> IbPortSample {
+    IbPortSample {
+        symbol_error: Some(0),
+        link_downed: Some(0),
+        link_error_recovery: Some(0),
+        port_rcv_errors: Some(0),
+        port_xmit_discards: Some(0),
+        port_xmit_wait: Some(0),
+        hw_out_of_buffer: Some(0),
+        hw_out_of_sequence: Some(0),
+        hw_packet_seq_err: Some(0),
+        hw_local_ack_timeout_err: Some(0),
+        hw_rnr_nak_retry_err: Some(0),
+        hw_implied_nak_seq_err: Some(0),
+        unicast_xmit_packets: p.xmit_packets,
+        unicast_rcv_packets: p.rcv_packets,
+        multicast_xmit_packets: Some(0),
+        multicast_rcv_packets: Some(0),
+        port_rcv_constraint_errors: Some(0),
+        port_xmit_constraint_errors: Some(0),
+        port_rcv_remote_physical_errors: Some(0),
+        port_rcv_switch_relay_errors: Some(0),
+        local_link_integrity_errors: Some(0),
+        excessive_buffer_overrun_errors: Some(0),
+        vl15_dropped: Some(0),
+        port_rcv_discards: Some(0),
+        state_id: Some(4),
+        phys_state: Some("5: LinkUp".to_owned()),
+        phys_state_id: Some(5),
+        link_layer: Some("InfiniBand".to_owned()),
+        board_id: Some("MT_0000000838".to_owned()),
+        fw_ver: Some("28.39.2048".to_owned()),
+        hca_type: Some("MT4129".to_owned()),
+        node_guid: Some(format!(
+            "a088:c203:0012:6e{:02x}",
+            p.device.bytes().last().unwrap_or(0)
+        )),
+        ..p
+    }
+}
+
+/// [`SimNode::with_every_field`]: the node's jobs and its RAPL energy
+/// counters (two packages and their DRAM), which grow with the CPU load.
+/// [`SimNode::with_every_field`]: the node's jobs and its RAPL readings (two
+/// packages and their DRAM), which follow the load average: the energy
+/// counters grow by the power over the tick.
+fn every_node_field(
+    n: NodeSample,
+    jobs: Vec<String>,
+    energy_uj: &mut [u64; 2],
+    dt: f64,
+) -> NodeSample {
+    // Two 350 W packages idle at 120 W each; DRAM at a fifth of that.
+    let cpu_w = (240.0 + 8.0 * f64::from(n.load1.unwrap_or(0.0))).round();
+    let dram_w = (cpu_w / 5.0).round();
+    energy_uj[0] += (cpu_w * dt * 1e6) as u64;
+    energy_uj[1] += (dram_w * dt * 1e6) as u64;
+    NodeSample {
+        jobs,
+        cpu_package_energy_uj: Some(energy_uj[0]),
+        dram_energy_uj: Some(energy_uj[1]),
+        cpu_package_power_w: Some(cpu_w),
+        dram_power_w: Some(dram_w),
+        ..n
     }
 }
 
@@ -874,6 +1033,70 @@ mod tests {
         assert_eq!(metric_columns(Table::Gpu).len(), 43);
         assert_eq!(metric_columns(Table::Node).len(), 16);
         assert_eq!(metric_columns(Table::Ib).len(), 29);
+    }
+
+    #[test]
+    fn every_field_adds_what_a_real_node_reports_and_keeps_the_drawn_values() {
+        let node = |every| {
+            SimNode::new(2, "n-1".to_owned(), 8, START_US, SECOND_US).with_every_field(every)
+        };
+        let (mut plain, mut full) = (node(false), node(true));
+        for _ in 0..900 {
+            let (p, f) = (plain.next_batch(), full.next_batch());
+            validate_batch(&f, START_US + 3600 * SECOND_US).expect("a full batch is valid");
+            for (p, f) in p.gpu.iter().zip(&f.gpu) {
+                assert_eq!(
+                    (p.power_mw, p.energy_mj, p.temperature_c),
+                    (f.power_mw, f.energy_mj, f.temperature_c)
+                );
+                assert_eq!(f.power_avg_mw, f.power_mw);
+                assert_eq!(f.power_limit_mw, Some(700_000));
+                // As NVML answers on an H100 SXM: no retired pages, no fan, no MIG.
+                assert_eq!(
+                    (f.retired_pages_sbe, f.fan_speed_pct, f.gpu_instance_id),
+                    (None, None, None)
+                );
+                assert_eq!(f.mig_mode, Some(false));
+            }
+            for (p, f) in p.ib.iter().zip(&f.ib) {
+                assert_eq!((p.xmit_bytes, p.rcv_packets), (f.xmit_bytes, f.rcv_packets));
+                assert_eq!(f.unicast_rcv_packets, f.rcv_packets);
+                assert_eq!(f.symbol_error, Some(0));
+            }
+            let (p, f) = (&p.node[0], &f.node[0]);
+            assert_eq!((p.cpu_idle_jiffies, p.load1), (f.cpu_idle_jiffies, f.load1));
+            assert!(
+                f.cpu_package_power_w
+                    .is_some_and(|w| (240.0..700.0).contains(&w))
+            );
+        }
+        // RAPL energy only grows; the node's jobs are its running job.
+        let f = full.next_batch();
+        assert!(f.node[0].cpu_package_energy_uj.unwrap() > 900 * 240_000_000);
+        assert_eq!(
+            f.node[0].jobs,
+            f.gpu[0].job_id.iter().cloned().collect::<Vec<_>>()
+        );
+
+        // Stored values per tick of 8 GPUs: 8 × 40, 16, 4 × 29 (the realistic
+        // mode's 8 × 13, 12, 4 × 5).
+        let mut buffer = WriteBuffer::default();
+        let batch = full.next_batch();
+        buffer.append(
+            "n-1",
+            validate_batch(&batch, START_US + 3600 * SECOND_US).unwrap(),
+        );
+        let values: Vec<_> = buffer
+            .take()
+            .unwrap()
+            .into_iter()
+            .filter(|(t, _, _)| [Table::Gpu, Table::Node, Table::Ib].contains(t))
+            .map(|(t, _, b)| (t, metric_values(t, &b)))
+            .collect();
+        assert_eq!(
+            values,
+            [(Table::Gpu, 8 * 40), (Table::Node, 16), (Table::Ib, 4 * 29)]
+        );
     }
 
     #[test]

@@ -128,6 +128,12 @@ pub struct Cli {
     /// compression).
     #[arg(long, value_enum, default_value_t = Values::Realistic)]
     pub values: Values,
+    /// Fill every field a real HGX H100 node under Slurm reports (profiling
+    /// metrics, throttle reasons, ECC and remapped rows, PCIe and NVLink,
+    /// every InfiniBand counter, RAPL), not only the drawn ones; the drawn
+    /// values stay the same.
+    #[arg(long)]
+    pub every_field: bool,
     /// Worker threads of the runtime [default: one per CPU].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub threads: Option<u32>,
@@ -195,6 +201,8 @@ pub struct Plan {
     pub pace: bool,
     /// What the simulated sensors report.
     pub values: Values,
+    /// Whether rows carry every field a real node reports.
+    pub every_field: bool,
     /// Makes this run's agent ids unique: a collector deduplicates by agent id
     /// and would take a second run's batches for resends of the first's.
     pub run_id: String,
@@ -272,6 +280,7 @@ impl Plan {
             timeout: cli.timeout,
             pace: cli.pace,
             values: cli.values,
+            every_field: cli.every_field,
             run_id,
             values_per_row: [0; 3],
         };
@@ -283,7 +292,8 @@ impl Plan {
             })?;
         }
         // One tick as the collector will see it: within its limits?
-        let mut probe = SimNode::new(0, plan.node_name(0), cli.gpus, start_us, interval_us);
+        let mut probe = SimNode::new(0, plan.node_name(0), cli.gpus, start_us, interval_us)
+            .with_every_field(cli.every_field);
         let batch = probe.next_batch();
         let too_large = |reason: String| PlanError::BatchTooLarge {
             gpus: cli.gpus,
@@ -629,7 +639,8 @@ async fn agent(
         plan.start_us,
         plan.interval_us,
     )
-    .with_values(plan.values);
+    .with_values(plan.values)
+    .with_every_field(plan.every_field);
     let mut left = plan.ticks;
     while left > 0 {
         let window = left.min(plan.window);

@@ -6,12 +6,13 @@
 
 use std::sync::Arc;
 
-use arrow_array::ArrayRef;
 use arrow_array::builder::{
     ArrayBuilder, BooleanBuilder, Float32Builder, Float64Builder, Int32Builder, Int64Builder,
-    ListBuilder, StringBuilder, StringDictionaryBuilder, TimestampMicrosecondBuilder,
+    ListBuilder, PrimitiveBuilder, StringBuilder, StringDictionaryBuilder,
+    TimestampMicrosecondBuilder,
 };
 use arrow_array::types::Int32Type;
+use arrow_array::{ArrayRef, ArrowPrimitiveType, new_null_array};
 use arrow_schema::{DataType, Field, TimeUnit};
 use gputel_proto::{EventKind, ProfilingSource};
 
@@ -230,8 +231,12 @@ fn dictionary(rows: usize) -> Dictionary {
     Dictionary::with_capacity(rows, 256, 8192)
 }
 
+fn dictionary_type() -> DataType {
+    DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8))
+}
+
 fn dictionary_field(name: &'static str, nullable: bool) -> Field {
-    Field::new_dictionary(name, DataType::Int32, DataType::Utf8, nullable)
+    Field::new(name, dictionary_type(), nullable)
 }
 
 /// A short string, dictionary-encoded (names, ids, states).
@@ -264,9 +269,9 @@ impl ColumnKind for Label {
 
 impl ColumnKind for OptLabel {
     type Value<'a> = Option<&'a str>;
-    type Builder = Dictionary;
-    fn builder(rows: usize) -> Dictionary {
-        dictionary(rows)
+    type Builder = Lazy<Dictionary>;
+    fn builder(rows: usize) -> Lazy<Dictionary> {
+        Lazy::with_room(rows)
     }
     fn field(name: &'static str) -> Field {
         dictionary_field(name, true)
@@ -274,11 +279,11 @@ impl ColumnKind for OptLabel {
     fn check(row: RowContext, name: &'static str, v: Option<&str>) -> Result<(), ColumnError> {
         v.map_or(Ok(()), |v| row.text(name, v, MAX_VALUE_BYTES))
     }
-    fn put(builder: &mut Dictionary, v: Option<&str>) {
+    fn put(builder: &mut Lazy<Dictionary>, v: Option<&str>) {
         builder.append_option(v);
     }
-    fn finish(builder: &mut Dictionary) -> ArrayRef {
-        ArrayBuilder::finish(builder)
+    fn finish(builder: &mut Lazy<Dictionary>) -> ArrayRef {
+        builder.finish(&dictionary_type())
     }
 }
 
@@ -345,10 +350,109 @@ impl ColumnKind for LabelList {
     }
 }
 
+/// A nullable column's builder that holds nothing until the column's first
+/// value: a column that is null in every row of a flush (the MIG columns
+/// outside MIG mode, a pod on a Slurm node, profiling metrics on a GPU
+/// without them, retired pages on a GPU that remaps rows instead) costs a
+/// count instead of its full width in every row. The nulls before the first
+/// value are appended when it comes.
+#[derive(Debug, Default)]
+pub struct Lazy<B> {
+    /// Rows the builder is made with room for.
+    room: usize,
+    /// Nulls appended before the first value.
+    nulls: usize,
+    values: Option<B>,
+}
+
+/// What [`Lazy`] needs of the builder it puts off making.
+pub trait DeferredBuilder: ArrayBuilder {
+    /// What one value is.
+    type Value<'a>;
+    fn with_room(rows: usize) -> Self;
+    fn append_value(&mut self, v: Self::Value<'_>);
+    fn append_nulls(&mut self, n: usize);
+}
+
+impl<T: ArrowPrimitiveType> DeferredBuilder for PrimitiveBuilder<T> {
+    type Value<'a> = T::Native;
+    fn with_room(rows: usize) -> Self {
+        Self::with_capacity(rows)
+    }
+    fn append_value(&mut self, v: T::Native) {
+        PrimitiveBuilder::append_value(self, v);
+    }
+    fn append_nulls(&mut self, n: usize) {
+        PrimitiveBuilder::append_nulls(self, n);
+    }
+}
+
+impl DeferredBuilder for BooleanBuilder {
+    type Value<'a> = bool;
+    fn with_room(rows: usize) -> Self {
+        Self::with_capacity(rows)
+    }
+    fn append_value(&mut self, v: bool) {
+        BooleanBuilder::append_value(self, v);
+    }
+    fn append_nulls(&mut self, n: usize) {
+        BooleanBuilder::append_nulls(self, n);
+    }
+}
+
+impl DeferredBuilder for Dictionary {
+    type Value<'a> = &'a str;
+    fn with_room(rows: usize) -> Self {
+        dictionary(rows)
+    }
+    fn append_value(&mut self, v: &str) {
+        Dictionary::append_value(self, v);
+    }
+    fn append_nulls(&mut self, n: usize) {
+        Dictionary::append_nulls(self, n);
+    }
+}
+
+impl<B: DeferredBuilder> Lazy<B> {
+    /// A builder that, once a value comes, has room for `rows` rows.
+    pub fn with_room(rows: usize) -> Self {
+        Self {
+            room: rows,
+            nulls: 0,
+            values: None,
+        }
+    }
+
+    pub fn append_option(&mut self, v: Option<B::Value<'_>>) {
+        match (v, &mut self.values) {
+            (None, None) => self.nulls += 1,
+            (None, Some(values)) => values.append_nulls(1),
+            (Some(v), Some(values)) => values.append_value(v),
+            (Some(v), None) => {
+                let mut values = B::with_room(self.room.max(self.nulls + 1));
+                values.append_nulls(self.nulls);
+                values.append_value(v);
+                self.values = Some(values);
+            }
+        }
+    }
+
+    /// The rows appended so far as an array of `data_type` (all null if no
+    /// value came); starts over with no builder.
+    pub fn finish(&mut self, data_type: &DataType) -> ArrayRef {
+        let nulls = std::mem::take(&mut self.nulls);
+        match self.values.take() {
+            Some(mut values) => values.finish(),
+            None => new_null_array(data_type, nulls),
+        }
+    }
+}
+
 /// Declares integer and float kinds: `Kind(value type) => Arrow type, builder,
-/// nullable, check, conversion to the stored type`.
+/// nullable, check, conversion to the stored type`. A nullable kind's builder
+/// is [`Lazy`].
 macro_rules! number_kind {
-    ($(#[$doc:meta])* $kind:ident($value:ty) => $data_type:expr, $builder:ty, nullable: $nullable:literal,
+    ($(#[$doc:meta])* $kind:ident($value:ty) => $data_type:expr, $builder:ty, nullable: false,
      check: |$row:ident, $name:ident, $v:ident| $check:expr, store: |$s:ident| $store:expr) => {
         $(#[$doc])*
         #[derive(Debug)]
@@ -361,16 +465,42 @@ macro_rules! number_kind {
                 <$builder>::with_capacity(rows)
             }
             fn field(name: &'static str) -> Field {
-                Field::new(name, $data_type, $nullable)
+                Field::new(name, $data_type, false)
             }
             fn check($row: RowContext, $name: &'static str, $v: $value) -> Result<(), ColumnError> {
                 $check
             }
             fn put(builder: &mut $builder, $s: $value) {
-                builder.append_option($store);
+                builder.append_value($store);
             }
             fn finish(builder: &mut $builder) -> ArrayRef {
                 ArrayBuilder::finish(builder)
+            }
+        }
+    };
+    ($(#[$doc:meta])* $kind:ident($value:ty) => $data_type:expr, $builder:ty, nullable: true,
+     check: |$row:ident, $name:ident, $v:ident| $check:expr, store: |$s:ident| $store:expr) => {
+        $(#[$doc])*
+        #[derive(Debug)]
+        pub enum $kind {}
+
+        impl ColumnKind for $kind {
+            type Value<'a> = $value;
+            type Builder = Lazy<$builder>;
+            fn builder(rows: usize) -> Lazy<$builder> {
+                Lazy::with_room(rows)
+            }
+            fn field(name: &'static str) -> Field {
+                Field::new(name, $data_type, true)
+            }
+            fn check($row: RowContext, $name: &'static str, $v: $value) -> Result<(), ColumnError> {
+                $check
+            }
+            fn put(builder: &mut Lazy<$builder>, $s: $value) {
+                builder.append_option($store);
+            }
+            fn finish(builder: &mut Lazy<$builder>) -> ArrayRef {
+                builder.finish(&$data_type)
             }
         }
     };
@@ -390,7 +520,7 @@ number_kind!(
     /// An unsigned 32-bit value stored as INT32 (at most 2^31-1).
     U32(u32) => DataType::Int32, Int32Builder, nullable: false,
     check: |row, name, v| row.int32(name, v),
-    store: |v| Some(to_i32(v))
+    store: |v| to_i32(v)
 );
 number_kind!(
     /// An optional unsigned 32-bit value stored as INT32 (at most 2^31-1).
@@ -408,7 +538,7 @@ number_kind!(
     /// An unsigned 64-bit value stored as INT64 (at most 2^63-1).
     U64(u64) => DataType::Int64, Int64Builder, nullable: false,
     check: |row, name, v| row.int64(name, v),
-    store: |v| Some(to_i64(v))
+    store: |v| to_i64(v)
 );
 number_kind!(
     /// An optional unsigned 64-bit value stored as INT64 (at most 2^63-1).
@@ -420,7 +550,7 @@ number_kind!(
     /// A signed 64-bit count the collector computes itself.
     I64(i64) => DataType::Int64, Int64Builder, nullable: false,
     check: |_row, _name, _v| Ok(()),
-    store: |v| Some(v)
+    store: |v| v
 );
 number_kind!(
     /// An optional 32-bit float that cannot be negative (a share in percent,
@@ -506,7 +636,10 @@ pub enum OptProfilingSourceName {}
 
 impl ColumnKind for OptProfilingSourceName {
     type Value<'a> = Option<i32>;
-    type Builder = Dictionary;
+    type Builder = Lazy<Dictionary>;
+    fn builder(rows: usize) -> Lazy<Dictionary> {
+        Lazy::with_room(rows)
+    }
     fn field(name: &'static str) -> Field {
         dictionary_field(name, true)
     }
@@ -516,13 +649,13 @@ impl ColumnKind for OptProfilingSourceName {
             Some(_) => Err(row.fail(name, "not a known profiling source")),
         }
     }
-    fn put(builder: &mut Dictionary, v: Option<i32>) {
+    fn put(builder: &mut Lazy<Dictionary>, v: Option<i32>) {
         builder.append_option(
             v.map(|v| ProfilingSource::try_from(v).map_or("unspecified", ProfilingSource::name)),
         );
     }
-    fn finish(builder: &mut Dictionary) -> ArrayRef {
-        ArrayBuilder::finish(builder)
+    fn finish(builder: &mut Lazy<Dictionary>) -> ArrayRef {
+        builder.finish(&dictionary_type())
     }
 }
 
@@ -530,4 +663,78 @@ impl ColumnKind for OptProfilingSourceName {
 /// split `clock_event_reasons` into one flag per reason.
 pub fn flag(bits: Option<u64>, mask: u64) -> Option<bool> {
     bits.map(|b| b & mask != 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::Int64Type;
+    use arrow_array::{Array, DictionaryArray, Int64Array};
+
+    use super::*;
+
+    #[test]
+    fn a_column_null_in_every_row_makes_no_builder_and_finishes_as_nulls_of_its_type() {
+        let mut b = OptU64::builder(1000);
+        for _ in 0..5 {
+            OptU64::put(&mut b, None);
+        }
+        assert!(b.values.is_none(), "no builder before the first value");
+        let array = OptU64::finish(&mut b);
+        assert_eq!(array.data_type(), &DataType::Int64);
+        assert_eq!((array.len(), array.null_count()), (5, 5));
+
+        let mut b = OptLabel::builder(1000);
+        OptLabel::put(&mut b, None);
+        OptLabel::put(&mut b, None);
+        assert!(b.values.is_none());
+        let array = OptLabel::finish(&mut b);
+        assert_eq!(array.data_type(), &dictionary_type());
+        assert_eq!((array.len(), array.null_count()), (2, 2));
+    }
+
+    #[test]
+    fn nulls_before_the_first_value_keep_their_rows() {
+        let mut b = OptU64::builder(4);
+        for v in [None, None, Some(7), None, Some(9)] {
+            OptU64::put(&mut b, v);
+        }
+        let array = OptU64::finish(&mut b);
+        assert_eq!(
+            array.as_primitive::<Int64Type>(),
+            &Int64Array::from(vec![None, None, Some(7), None, Some(9)])
+        );
+
+        let mut b = OptLabel::builder(0);
+        for v in [None, Some("job-1"), None, Some("job-1"), Some("job-2")] {
+            OptLabel::put(&mut b, v);
+        }
+        let array = OptLabel::finish(&mut b);
+        let want: DictionaryArray<Int32Type> =
+            vec![None, Some("job-1"), None, Some("job-1"), Some("job-2")]
+                .into_iter()
+                .collect();
+        assert_eq!(array.as_dictionary::<Int32Type>(), &want);
+
+        let mut b = OptBool::builder(0);
+        for v in [None, Some(true), Some(false)] {
+            OptBool::put(&mut b, v);
+        }
+        let array = OptBool::finish(&mut b);
+        let got: Vec<_> = array.as_boolean().iter().collect();
+        assert_eq!(got, [None, Some(true), Some(false)]);
+    }
+
+    #[test]
+    fn a_finished_column_starts_over() {
+        let mut b = OptU32::builder(0);
+        OptU32::put(&mut b, None);
+        OptU32::put(&mut b, Some(3));
+        assert_eq!(OptU32::finish(&mut b).len(), 2);
+        OptU32::put(&mut b, None);
+        let array = OptU32::finish(&mut b);
+        assert_eq!((array.len(), array.null_count()), (1, 1));
+        assert!(b.values.is_none());
+        assert_eq!(OptU32::finish(&mut b).len(), 0);
+    }
 }
