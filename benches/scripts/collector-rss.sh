@@ -10,7 +10,9 @@
 #   benches/scripts/collector-rss.sh [AGENTS] [SECONDS] [COLLECTOR FLAGS...]   # default 1000 180
 #
 # Flags after SECONDS go to the collector, e.g. --flush-interval 2s, to see
-# which part of its memory follows the buffered rows.
+# which part of its memory follows the buffered rows. LOADGEN_FLAGS go to
+# the load generator, e.g. LOADGEN_FLAGS=--every-field for rows with every
+# field a real H100 node reports.
 cd "$(dirname "$0")/../.."
 source benches/scripts/common.sh
 
@@ -33,10 +35,10 @@ pid=$(pgrep -P "$COLLECTOR_PID" | head -1)
   done
 ) >"$dir/rss.txt" &
 sampler=$!
-say "$agents agents, one tick a second each, for $seconds s, to a collector at its defaults${*:+ but $*}"
+say "$agents agents${LOADGEN_FLAGS:+ ($LOADGEN_FLAGS)}, one tick a second each, for $seconds s, to a collector at its defaults${*:+ but $*}"
 /usr/bin/time -v -o "$dir/loadgen.time" "$LOADGEN" \
   --collector "http://127.0.0.1:$COLLECTOR_PORT" --agents "$agents" --gpus 8 \
-  --ticks "$seconds" --pace >"$dir/loadgen.out" 2>"$dir/loadgen.log" \
+  --ticks "$seconds" --pace ${LOADGEN_FLAGS:-} >"$dir/loadgen.out" 2>"$dir/loadgen.log" \
   || die "gputel-loadgen failed: $(tail -5 "$dir/loadgen.log")"
 load=$(cut -d' ' -f1-3 /proc/loadavg)
 stop_collector
