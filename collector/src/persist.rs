@@ -28,7 +28,7 @@ pub const ZSTD_LEVEL: i32 = 3;
 /// zstd level of flush files, which compaction replaces: level 1. The files
 /// are as small as at level 3 (0.3 % larger: their footers and page indexes
 /// weigh more than their pages), and each column's compressor holds smaller
-/// tables while a flush is encoded (8 MB less at the peak for 1000 agents;
+/// tables while a flush is encoded (7 MB less at the peak for 1000 agents;
 /// benches/README.md, "Collector memory at a fleet's pace").
 pub const FLUSH_ZSTD_LEVEL: i32 = 1;
 /// Rows per row group. DuckDB parallelises per row group and wants 100k+ rows.
