@@ -79,17 +79,23 @@ pub enum PersistError {
     },
 }
 
-/// Writer properties of a table's flush files: encodings chosen per column
-/// type, zstd at [`FLUSH_ZSTD_LEVEL`].
-pub fn writer_properties(table: Table) -> WriterProperties {
+/// Writer properties of a table's files, as [`properties`] makes them: its
+/// sort key and bloom filters, zstd at [`ZSTD_LEVEL`].
+fn table_properties(table: Table) -> WriterProperties {
     properties(
         &table.schema(),
         table.sort_key(),
         table.bloom_filter_columns(),
     )
-    .into_builder()
-    .set_compression(zstd(FLUSH_ZSTD_LEVEL))
-    .build()
+}
+
+/// Writer properties of a table's flush files: the table's, zstd at
+/// [`FLUSH_ZSTD_LEVEL`].
+pub fn writer_properties(table: Table) -> WriterProperties {
+    table_properties(table)
+        .into_builder()
+        .set_compression(zstd(FLUSH_ZSTD_LEVEL))
+        .build()
 }
 
 fn zstd(level: i32) -> Compression {
@@ -149,12 +155,11 @@ pub fn even_row_group_rows(rows: usize) -> usize {
     rows.div_ceil(groups).max(1)
 }
 
-/// Writer properties of a compacted file of `rows` rows: the table's, zstd
-/// at [`ZSTD_LEVEL`], with equal row groups.
+/// Writer properties of a compacted file of `rows` rows: the table's, with
+/// equal row groups.
 pub fn compacted_properties(table: Table, rows: usize) -> WriterProperties {
-    writer_properties(table)
+    table_properties(table)
         .into_builder()
-        .set_compression(zstd(ZSTD_LEVEL))
         .set_max_row_group_row_count(Some(even_row_group_rows(rows)))
         .build()
 }
@@ -325,6 +330,20 @@ mod tests {
     use arrow_array::types::{Int32Type, TimestampMicrosecondType};
     use arrow_array::{ArrayRef, Int32Array, TimestampMicrosecondArray, new_null_array};
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+    /// Flush files at level 1, the compacted files that stay at level 3,
+    /// with the table's other settings alike.
+    #[test]
+    fn flush_files_are_compressed_lighter_than_compacted_ones() {
+        let col = ColumnPath::from("power_mw");
+        let flush = writer_properties(Table::Gpu);
+        let compacted = compacted_properties(Table::Gpu, 10);
+        assert_eq!(flush.compression(&col), zstd(1));
+        assert_eq!(compacted.compression(&col), zstd(3));
+        assert_eq!(flush.encoding(&col), compacted.encoding(&col));
+        assert_eq!(flush.sorting_columns(), compacted.sorting_columns());
+        assert_eq!(compacted.max_row_group_row_count(), Some(10));
+    }
 
     /// GPU rows in the order an ingest buffer holds them (tick by tick, the
     /// nodes interleaved), with utilization telling the rows apart.
