@@ -114,6 +114,15 @@ pub struct Settings {
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     #[serde(default, with = "humantime_serde")]
     pub process_interval: Option<Duration>,
+    /// Time between the GPU readings that cost NVML milliseconds of CPU each
+    /// (3-4 ms for the energy counter on an H200, against microseconds for
+    /// the rest): energy, PCIe traffic and replays, graphics engine activity
+    /// and MIG mode. Their columns are null at the ticks between, and
+    /// `power_avg_mw` and the PCIe rates span the time between two reads; set
+    /// it to the sampling interval to read them at every tick [default: 10s].
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[serde(default, with = "humantime_serde")]
+    pub slow_read_interval: Option<Duration>,
     /// Slurm prolog/epilog job mapping directory, in dcgm-exporter's format: one
     /// file per GPU index holding the job ids on it, one per line. It wins over
     /// the jobs found from the GPUs' processes [default: none].
@@ -171,6 +180,7 @@ impl Settings {
             spool_max_bytes: self.spool_max_bytes.or(other.spool_max_bytes),
             drain_timeout: self.drain_timeout.or(other.drain_timeout),
             process_interval: self.process_interval.or(other.process_interval),
+            slow_read_interval: self.slow_read_interval.or(other.slow_read_interval),
             hpc_job_mapping_dir: self.hpc_job_mapping_dir.or(other.hpc_job_mapping_dir),
             log: self.log.or(other.log),
             metrics_listen: self.metrics_listen.or(other.metrics_listen),
@@ -206,6 +216,7 @@ pub struct Config {
     pub spool_max_bytes: u64,
     pub drain_timeout: Duration,
     pub process_interval: Duration,
+    pub slow_read_interval: Duration,
     pub hpc_job_mapping_dir: Option<PathBuf>,
     pub log: String,
     /// Where to serve `/metrics`; None: not served.
@@ -278,6 +289,7 @@ impl Config {
             spool_max_bytes: s.spool_max_bytes.unwrap_or(256 * 1024 * 1024),
             drain_timeout: s.drain_timeout.unwrap_or(Duration::from_secs(10)),
             process_interval: s.process_interval.unwrap_or(Duration::from_secs(10)),
+            slow_read_interval: s.slow_read_interval.unwrap_or(Duration::from_secs(10)),
             hpc_job_mapping_dir: s.hpc_job_mapping_dir,
             log: s.log.unwrap_or_else(|| "info".to_owned()),
             metrics_listen: s.metrics_listen,
@@ -317,6 +329,11 @@ impl Config {
         if config.process_interval < config.interval {
             return Err(ConfigError::Invalid(
                 "process-interval must be at least the sampling interval".into(),
+            ));
+        }
+        if config.slow_read_interval < config.interval {
+            return Err(ConfigError::Invalid(
+                "slow-read-interval must be at least the sampling interval".into(),
             ));
         }
         if config.sources.is_empty() {

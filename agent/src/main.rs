@@ -18,6 +18,12 @@ fn run() -> anyhow::Result<()> {
     gputel_runtime::logging::init(&config.log)?;
 
     if cli.once {
+        // Both samples read everything, the slow reads too: the snapshot
+        // shows every reading, its rates over the gap between the two.
+        let config = Config {
+            slow_read_interval: Duration::ZERO,
+            ..config
+        };
         let samplers = Samplers::open(&config);
         let gap = config.interval.min(Duration::from_secs(1));
         let snap = snapshot::take(&config.node, samplers, gap);

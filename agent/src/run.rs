@@ -169,7 +169,8 @@ pub async fn run(
             };
             let metrics = Metrics::new(&config.node)
                 .with_hostname_label(config.metrics_hostname_label)
-                .with_driver_version(driver_version);
+                .with_driver_version(driver_version)
+                .with_slow_reads(config.slow_read_interval, config.interval);
             Some((metrics::bind(addr)?, Arc::new(metrics)))
         }
         None => None,

@@ -62,6 +62,8 @@ impl Samplers {
                 procfs_root: config.procfs_root.clone(),
                 process_interval_us: i64::try_from(config.process_interval.as_micros())
                     .unwrap_or(i64::MAX),
+                slow_read_interval_us: i64::try_from(config.slow_read_interval.as_micros())
+                    .unwrap_or(i64::MAX),
                 profiling: config.profiling_source,
                 dcgm: DcgmOptions {
                     lib: config.dcgm_lib.clone(),

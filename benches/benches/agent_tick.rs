@@ -270,6 +270,8 @@ fn with_nvml(c: &mut Criterion) {
         procfs_root: proc_fixture(),
         // Processes are listed at the first tick only: their cost is not per tick.
         process_interval_us: i64::MAX,
+        // At the agent's default: one tick in ten reads what is slow to read.
+        slow_read_interval_us: 10 * SECOND_US,
         // As the agent runs by default: on a node of GPUs without GPM (a real
         // library named by the variable), DCGM's reads are part of a tick.
         profiling: Profiling::Auto,

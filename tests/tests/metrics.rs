@@ -441,6 +441,8 @@ fn scrapes_share_a_tick_page_and_gzip_when_asked() {
     let mut cmd = fixture_agent("gpu-node-017");
     cmd.args(["--collector", "http://127.0.0.1:9", "--drain-timeout", "1s"])
         .args(["--interval", "1s", "--metrics-listen", "127.0.0.1:0"])
+        // Energy, read at every tick here, differs from one page to the next.
+        .args(["--slow-read-interval", "1s"])
         .env(SCENARIO_ENV, &scenario)
         .env("RUST_LOG", "info");
     let mut agent = Running::spawn(cmd);

@@ -55,7 +55,13 @@ fn values(rows: Vec<serde_json::Map<String, Value>>) -> Vec<Value> {
 #[test]
 fn mig_devices_are_rows_with_their_own_memory_and_job() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let store = run_scenario_pipeline(tmp.path(), SCENARIO, TICKS, &[]);
+    // MIG mode is a slow read; read at every tick here, it is on every row.
+    let store = run_scenario_pipeline(
+        tmp.path(),
+        SCENARIO,
+        TICKS,
+        &["--slow-read-interval", "100ms"],
+    );
     let gpus = table_scan(&store, "gpu");
     let rows = values(duckdb(
         tmp.path(),

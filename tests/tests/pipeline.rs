@@ -54,6 +54,7 @@ fn every_row_the_agent_sends_is_queryable_in_duckdb() {
     agent
         .args(["--collector", &format!("http://{addr}")])
         .args(["--interval", "100ms", "--ticks", &TICKS.to_string()])
+        .args(["--slow-read-interval", "500ms"])
         .env(SCENARIO_ENV, &scenario);
     let agent = Running::spawn(agent).wait(Duration::from_secs(60));
     let summary = String::from_utf8_lossy(&agent.stdout).trim().to_owned();
@@ -149,7 +150,6 @@ fn every_row_the_agent_sends_is_queryable_in_duckdb() {
              min(power_mw) as min_power, max(power_mw) as max_power, max(temperature_c) as temp, \
              max(memory_temperature_c) as mem_temp, max(sm_clock_mhz) as sm, max(gpu_util_pct) as util, \
              max(fb_used_bytes) as used, max(fb_total_bytes) as total, any_value(node) as node, \
-             count(*) filter (where energy_mj is null) as no_energy, \
              max(enc_util_pct) as enc, max(dec_util_pct) as dec, max(fb_reserved_bytes) as reserved, \
              count(distinct pci_bus_id) as buses, \
              string_agg(distinct pci_bus_id, ' ' order by pci_bus_id) filter (where gpu in (0, 7)) as bus_0_7 \
@@ -163,7 +163,7 @@ fn every_row_the_agent_sends_is_queryable_in_duckdb() {
             "gpus": 8, "uuids": 8, "model": "NVIDIA H100 80GB HBM3",
             "min_power": 512000, "max_power": 512000, "temp": 61, "mem_temp": 68,
             "sm": 1980, "util": 97, "used": 42949672960_u64, "total": 85520809984_u64,
-            "node": "gpu-node-017", "no_energy": 0,
+            "node": "gpu-node-017",
             "enc": 3, "dec": 9, "reserved": 566231040_u64,
             // The fake's HGX bus numbers: one PCI address per GPU.
             "buses": 8, "bus_0_7": "00000000:18:00.0 00000000:DB:00.0"
@@ -189,6 +189,33 @@ fn every_row_the_agent_sends_is_queryable_in_duckdb() {
             )
         ),
         json!(2_113_389_424_u64 * 1024)
+    );
+    // The slow reads (energy, PCIe counters, graphics engine activity) are
+    // in the rows of the first tick and of each tick on a multiple of
+    // --slow-read-interval, and only there; power_avg_mw, the mean power
+    // between two of them, is the scenario's 512 W give or take how late
+    // each read came after its tick.
+    let slow = duckdb(
+        tmp.path(),
+        &format!(
+            "with g as (select *, ts = min(ts) over () as first from {}) \
+             select count(*) filter (where energy_mj is not null) as slow_rows, \
+               count(*) filter (where (energy_mj is not null) <> (first or epoch_us(ts) % 500000 = 0)) as off_cadence, \
+               count(*) filter (where (pcie_tx_bytes_per_s is not null) <> (energy_mj is not null and not first)) as pcie_off, \
+               count(*) filter (where (gr_engine_active_pct is not null) <> (energy_mj is not null and not first)) as gr_off, \
+               count(*) filter (where power_avg_mw is not null and power_avg_mw not between 480000 and 545000) as avg_off \
+             from g",
+            table_scan(&store, "gpu")
+        ),
+    );
+    let slow_rows = slow[0]["slow_rows"].as_u64().expect("slow_rows");
+    assert!(
+        (8 * 2..=8 * (1 + TICKS / 5)).contains(&slow_rows),
+        "{slow:?}"
+    );
+    assert_eq!(
+        serde_json::Value::Object(slow[0].clone()),
+        json!({"slow_rows": slow_rows, "off_cadence": 0, "pcie_off": 0, "gr_off": 0, "avg_off": 0})
     );
     // Rows of one tick share one timestamp, on a multiple of the interval.
     assert_eq!(

@@ -29,12 +29,14 @@ mod text;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::Duration;
 
 use bytes::Bytes;
 use gputel_proto::{Batch, EventKind, GpuSample, IbPortSample, NodeSample};
 use tracing::warn;
 
 use crate::clock::now_us;
+use crate::sampler::gpu::{has_slow_readings, hold_slow_readings};
 use gpu::*;
 use gzip::Gzip;
 use ib::*;
@@ -132,6 +134,10 @@ const AGENT_TICK_DURATION_HELP: &str = "Seconds from the last tick's time until 
 #[derive(Debug)]
 pub struct Metrics {
     host: HostLabels,
+    /// How long a GPU's slow readings (energy, PCIe counters, ...: see
+    /// `--slow-read-interval`) are shown after the tick that read them, in
+    /// microseconds; 0 shows each tick's rows as they are.
+    hold_us: i64,
     state: Mutex<Recorded>,
     /// Pages rendered so far (by scrapes and by [`Metrics::render`]).
     renders: AtomicU64,
@@ -206,6 +212,8 @@ struct TickRows {
     /// Seconds from `ts_us` until the tick was recorded.
     duration_s: f64,
     gpu: Vec<GpuSample>,
+    /// Per row of `gpu`: when its slow readings were read (i64::MIN: never).
+    slow_read_us: Vec<i64>,
     node: Option<NodeSample>,
     ib: Vec<IbPortSample>,
 }
@@ -230,6 +238,7 @@ impl Metrics {
                 label: HostnameLabel::default(),
                 driver_version: None,
             },
+            hold_us: 0,
             state: Mutex::new(Recorded::default()),
             renders: AtomicU64::new(0),
             gzip: Mutex::new(Gzip::new(GZIP_LEVEL)),
@@ -239,6 +248,15 @@ impl Metrics {
     /// The host label's name.
     pub fn with_hostname_label(mut self, label: HostnameLabel) -> Self {
         self.host.label = label;
+        self
+    }
+
+    /// Shows each GPU's slow readings, which the agent takes once per
+    /// `interval` (`--slow-read-interval`), at the ticks between too, as a
+    /// scraper expects every series at every scrape; a reading older than
+    /// `interval` plus `tick` (a slow read that failed) is not shown.
+    pub fn with_slow_reads(mut self, interval: Duration, tick: Duration) -> Self {
+        self.hold_us = i64::try_from((interval + tick).as_micros()).unwrap_or(i64::MAX);
         self
     }
 
@@ -266,10 +284,21 @@ impl Metrics {
             .map(|n| n.ts_us)
             .or_else(|| batch.gpu.first().map(|g| g.ts_us))
             .or_else(|| batch.ib.first().map(|p| p.ts_us));
+        let mut gpu = batch.gpu.clone();
+        let slow_read_us = if self.hold_us > 0 {
+            // Only this thread records, so the previous rows stay the last ones.
+            let previous = Arc::clone(&self.lock().tick);
+            gpu.iter_mut()
+                .map(|row| self.hold_slow_readings(&previous, row))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let rows = Arc::new(TickRows {
             ts_us: ts_us.unwrap_or(0),
             duration_s: ts_us.map_or(0.0, |ts| (now_us - ts).max(0) as f64 / 1e6),
-            gpu: batch.gpu.clone(),
+            gpu,
+            slow_read_us,
             node: batch.node.first().cloned(),
             ib: batch.ib.clone(),
         });
@@ -315,6 +344,33 @@ impl Metrics {
         // the last scrape that still holds them).
         drop(previous);
         drop(previous_page);
+    }
+
+    /// Fills `row`'s slow readings from the previous tick's row of the same
+    /// GPU or MIG device when `row` is not from a slow-read tick and those
+    /// are recent enough; returns when `row`'s readings were read.
+    fn hold_slow_readings(&self, previous: &TickRows, row: &mut GpuSample) -> i64 {
+        if has_slow_readings(row) {
+            return row.ts_us;
+        }
+        let same = |p: &GpuSample| {
+            p.gpu == row.gpu
+                && p.gpu_instance_id == row.gpu_instance_id
+                && p.compute_instance_id == row.compute_instance_id
+                && p.uuid == row.uuid
+        };
+        match previous
+            .gpu
+            .iter()
+            .zip(&previous.slow_read_us)
+            .find(|(p, _)| same(p))
+        {
+            Some((held, &read_us)) if row.ts_us.saturating_sub(read_us) <= self.hold_us => {
+                hold_slow_readings(held, row);
+                read_us
+            }
+            _ => i64::MIN,
+        }
     }
 
     /// The page for a scrape that wants `encoding`: the cached bytes of the
@@ -652,7 +708,7 @@ fn ratio(pct: f32) -> Option<f64> {
 
 #[cfg(test)]
 mod tests {
-    use gputel_proto::GpuEvent;
+    use gputel_proto::{GpuEvent, ProfilingSource};
 
     use super::*;
 
@@ -744,6 +800,91 @@ mod tests {
             })
             .cloned()
             .collect()
+    }
+
+    #[test]
+    fn slow_readings_are_shown_until_the_next_slow_read_and_no_longer() {
+        const SECOND: i64 = 1_000_000;
+        let metrics = node_017().with_slow_reads(Duration::from_secs(10), Duration::from_secs(1));
+        let tick = |at: i64, row: GpuSample| {
+            let batch = Batch {
+                seq: 1,
+                gpu: vec![GpuSample {
+                    ts_us: TS_US + at * SECOND,
+                    ..row
+                }],
+                ..Batch::default()
+            };
+            metrics.record_at(&batch, TS_US + at * SECOND + 1000);
+            let lines = rendered(&metrics);
+            [
+                "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+                "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+                "DCGM_FI_PROF_PCIE_TX_BYTES",
+                "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+                "DCGM_FI_DEV_POWER_USAGE",
+            ]
+            .map(|name| {
+                let s = series(&lines, name);
+                s.first()
+                    .map(|l| l.rsplit_once(' ').expect("a value").1.to_owned())
+            })
+        };
+        // What the sampler leaves out between two slow reads.
+        let between = |power_mw| GpuSample {
+            energy_mj: None,
+            pcie_replay_count: None,
+            pcie_tx_bytes_per_s: None,
+            pcie_rx_bytes_per_s: None,
+            gr_engine_active_pct: None,
+            profiling_source: Some(ProfilingSource::Gpm.into()),
+            power_mw: Some(power_mw),
+            ..h100(0)
+        };
+        let held = |power: &str| {
+            [
+                Some("123456789".to_owned()),
+                Some("5".to_owned()),
+                Some("1000000".to_owned()),
+                Some("0.985".to_owned()),
+                Some(power.to_owned()),
+            ]
+        };
+        assert_eq!(tick(0, h100(0)), held("512.345"));
+        // Between slow reads: the last ones, beside this tick's power.
+        assert_eq!(tick(1, between(400_000)), held("400"));
+        assert_eq!(tick(9, between(401_000)), held("401"));
+        // A new slow read replaces them.
+        let fresh = GpuSample {
+            energy_mj: Some(123_460_000),
+            ..h100(0)
+        };
+        assert_eq!(tick(10, fresh)[0].as_deref(), Some("123460000"));
+        // Past the slow interval and one tick (a slow read that failed),
+        // they are not shown: a stale counter is no reading.
+        assert_eq!(tick(20, between(402_000))[0].as_deref(), Some("123460000"));
+        assert_eq!(
+            tick(22, between(403_000)),
+            [None, None, None, None, Some("403".to_owned())]
+        );
+        // GPM's graphics activity marks a slow-read row; DCGM's, at every
+        // tick, does not: the energy is still held beside it.
+        assert_eq!(tick(23, h100(0))[0].as_deref(), Some("123456789"));
+        let dcgm = GpuSample {
+            gr_engine_active_pct: Some(50.0),
+            profiling_source: Some(ProfilingSource::Dcgm.into()),
+            ..between(404_000)
+        };
+        assert_eq!(
+            tick(24, dcgm),
+            [
+                Some("123456789".to_owned()),
+                Some("5".to_owned()),
+                Some("1000000".to_owned()),
+                Some("0.5".to_owned()),
+                Some("404".to_owned())
+            ]
+        );
     }
 
     #[test]

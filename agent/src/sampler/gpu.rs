@@ -15,6 +15,15 @@
 //! Compute processes are listed at a slower cadence: those calls are slow and
 //! hold a driver lock.
 //!
+//! What costs NVML milliseconds of CPU is read at the slow-read cadence
+//! (`--slow-read-interval`, 10 s), its columns null on the ticks between:
+//! the energy counter (3-4 ms a read on an H200 with driver 580, against
+//! 2-50 µs for every per-tick call; `benches/README.md`, *On a real GPU*),
+//! the PCIe byte and replay counters (0.35 ms for the three fields), GPM's
+//! graphics engine activity (1 ms to compute, the other four metrics 1 µs
+//! each) and MIG mode (0.13 ms). Rates and averages of those (PCIe bytes
+//! per second, `power_avg_mw`) span the time between two slow reads.
+//!
 //! A MIG-enabled GPU gives one row of its own, with what is physical
 //! (temperatures, power, energy, clocks, ECC, PCIe, NVLink), and one row per
 //! MIG device (framebuffer, GPM, processes, job), found when NVML is loaded.
@@ -71,8 +80,8 @@ mod field {
     pub const PCIE_COUNT_TX_BYTES: u32 = 197;
     pub const PCIE_COUNT_RX_BYTES: u32 = 198;
 
-    /// Every id above.
-    pub const ALL: &[u32] = &[
+    /// The ids read at every tick.
+    pub const TICK: &[u32] = &[
         MEMORY_TEMP,
         ECC_SBE_VOL_TOTAL,
         ECC_DBE_VOL_TOTAL,
@@ -81,21 +90,35 @@ mod field {
         RETIRED_SBE,
         RETIRED_DBE,
         RETIRED_PENDING,
-        PCIE_REPLAY_COUNTER,
         NVLINK_THROUGHPUT_DATA_TX,
         NVLINK_THROUGHPUT_DATA_RX,
         REMAPPED_COR,
         REMAPPED_UNC,
         REMAPPED_PENDING,
         REMAPPED_FAILURE,
+    ];
+
+    /// The ids read only at slow-read ticks: 110-150 µs each on an H200
+    /// (driver 580), the others 3-12 µs.
+    pub const SLOW: &[u32] = &[
+        PCIE_REPLAY_COUNTER,
         PCIE_COUNT_TX_BYTES,
         PCIE_COUNT_RX_BYTES,
     ];
 }
 
-/// [`field::ALL`] as NVML field ids, built once rather than at every tick.
-static FIELD_IDS: std::sync::LazyLock<Vec<FieldId>> =
-    std::sync::LazyLock::new(|| field::ALL.iter().map(|id| FieldId(*id)).collect());
+/// [`field::TICK`] as NVML field ids, built once rather than at every tick.
+static TICK_FIELD_IDS: std::sync::LazyLock<Vec<FieldId>> =
+    std::sync::LazyLock::new(|| field::TICK.iter().map(|id| FieldId(*id)).collect());
+
+/// [`field::TICK`] and [`field::SLOW`], for a slow-read tick's one call.
+static ALL_FIELD_IDS: std::sync::LazyLock<Vec<FieldId>> = std::sync::LazyLock::new(|| {
+    field::TICK
+        .iter()
+        .chain(field::SLOW)
+        .map(|id| FieldId(*id))
+        .collect()
+});
 
 /// GPM metrics, in GpuSample order: SM, SM occupancy, tensor, DRAM,
 /// graphics/compute engine.
@@ -106,6 +129,19 @@ const GPM_METRICS: [GpmMetricId; 5] = [
     GpmMetricId::DramBwUtil,
     GpmMetricId::GraphicsUtil,
 ];
+
+/// Where the GPM metrics computed at slow-read ticks only start in
+/// [`GPM_METRICS`]: graphics engine activity costs NVML about 1 ms of CPU to
+/// compute, the other four about 1 µs each (H200, driver 580).
+const GPM_SLOW_FROM: usize = 4;
+
+/// GPM samples kept between ticks: the previous tick's, for the per-tick
+/// metrics, and the previous slow-read tick's, for the others.
+#[derive(Default)]
+struct GpmSamples {
+    tick: Option<GpmSample<'static>>,
+    slow: Option<GpmSample<'static>>,
+}
 
 // GPM and DCGM fill the same five columns, in the same order.
 const _: () = assert!(GPM_METRICS.len() == super::dcgm::FIELDS.len());
@@ -168,13 +204,17 @@ pub struct GpuOptions {
     pub procfs_root: PathBuf,
     /// Time between process listings, in microseconds.
     pub process_interval_us: i64,
+    /// Time between reads of what costs NVML milliseconds (the energy and
+    /// PCIe counters, graphics engine activity, MIG mode), in microseconds.
+    pub slow_read_interval_us: i64,
     /// Where SM, tensor and DRAM activity come from.
     pub profiling: Profiling,
     /// How to reach DCGM, when it is used.
     pub dcgm: DcgmOptions,
 }
 
-/// Counter readings kept from the previous tick, for rates.
+/// Counter readings kept from the previous tick (NVLink) or slow-read tick
+/// (energy, PCIe), for rates.
 #[derive(Debug, Clone, Copy, Default)]
 struct Counters {
     ts_us: i64,
@@ -194,7 +234,7 @@ struct MigInstance {
     profile: Option<String>,
     uuid: String,
     /// As [`GpuState::gpm`], for the GPU instance (`nvmlGpmMigSampleGet`).
-    gpm: Option<Option<GpmSample<'static>>>,
+    gpm: Option<GpmSamples>,
 }
 
 /// One GPU and what is remembered of it between ticks.
@@ -207,9 +247,14 @@ struct GpuState {
     device: Device<'static>,
     /// The MIG devices, when MIG was enabled as NVML was loaded.
     instances: Vec<MigInstance>,
-    /// None when the GPU has no GPM; else the previous tick's GPM sample.
-    gpm: Option<Option<GpmSample<'static>>>,
+    /// None when the GPU has no GPM.
+    gpm: Option<GpmSamples>,
+    /// False when NVML says the GPU has no fans (SXM boards are cooled by
+    /// the chassis), whose speed is then not asked for.
+    fans: bool,
+    /// The previous tick's counters, and the previous slow-read tick's.
     prev: Option<Counters>,
+    prev_slow: Option<Counters>,
     prev_reasons: Option<u64>,
     lost: bool,
 }
@@ -263,6 +308,8 @@ pub struct GpuSampler {
     procfs_root: PathBuf,
     process_interval_us: i64,
     next_process_ts: i64,
+    slow_read_interval_us: i64,
+    next_slow_read_ts: i64,
     /// Reads the profiling fields of the GPUs GPM does not cover (or of
     /// all, with `--profiling-source dcgm`); None when DCGM is not used.
     dcgm: Option<DcgmProfiler>,
@@ -310,7 +357,7 @@ impl GpuSampler {
                 }
             };
             let gpm = match device.gpm_support() {
-                Ok(true) => Some(None),
+                Ok(true) => Some(GpmSamples::default()),
                 _ => {
                     without_gpm.push(index);
                     None
@@ -322,10 +369,13 @@ impl GpuSampler {
                 uuid: device.uuid().unwrap_or_default(),
                 model: device.name().unwrap_or_default(),
                 pci_bus_id: device.pci_info().ok().map(|p| p.bus_id),
+                // A driver without nvmlDeviceGetNumFans: ask for the speed.
+                fans: device.num_fans().map_or(true, |n| n > 0),
                 device,
                 instances,
                 gpm,
                 prev: None,
+                prev_slow: None,
                 prev_reasons: None,
                 lost: false,
             });
@@ -355,6 +405,8 @@ impl GpuSampler {
             procfs_root: options.procfs_root.clone(),
             process_interval_us: options.process_interval_us.max(1),
             next_process_ts: i64::MIN,
+            slow_read_interval_us: options.slow_read_interval_us.max(1),
+            next_slow_read_ts: i64::MIN,
             dcgm,
         })
     }
@@ -405,6 +457,10 @@ impl Sampler for GpuSampler {
         if list_processes {
             self.next_process_ts = crate::clock::next_tick(ts_us, self.process_interval_us);
         }
+        let slow = ts_us >= self.next_slow_read_ts;
+        if slow {
+            self.next_slow_read_ts = crate::clock::next_tick(ts_us, self.slow_read_interval_us);
+        }
         for gpu in &mut self.gpus {
             let mut read = Reader {
                 gpu: gpu.index,
@@ -413,7 +469,14 @@ impl Sampler for GpuSampler {
             };
             let xid_count = xids.iter().filter(|x| x.on(gpu.index, None)).count() as u32;
             let dcgm = readings.get(gpu.index);
-            let sample = sample_device(gpu, ts_us, xid_count, dcgm, &mut read, &mut batch.event);
+            let sample = sample_device(
+                gpu,
+                Due { ts_us, slow },
+                xid_count,
+                dcgm,
+                &mut read,
+                &mut batch.event,
+            );
             if let Some(detail) = read.lost.take() {
                 if !gpu.lost {
                     warn!(gpu = gpu.index, uuid = %gpu.uuid, "GPU lost: {detail}; the other GPUs are still sampled");
@@ -435,7 +498,7 @@ impl Sampler for GpuSampler {
                 gpu.lost = false;
             }
             batch.gpu.push(sample);
-            sample_instances(gpu, ts_us, &xids, &mut read, &mut batch.gpu);
+            sample_instances(gpu, Due { ts_us, slow }, &xids, &mut read, &mut batch.gpu);
             if list_processes {
                 list_compute_processes(
                     gpu,
@@ -488,6 +551,38 @@ impl Reader<'_> {
     }
 }
 
+/// Whether `row` was made at a slow-read tick: it holds one of the columns
+/// read only then (graphics engine activity counts when GPM gave it; DCGM
+/// gives it at every tick).
+pub fn has_slow_readings(row: &GpuSample) -> bool {
+    row.energy_mj.is_some()
+        || row.power_avg_mw.is_some()
+        || row.pcie_replay_count.is_some()
+        || row.pcie_tx_bytes_per_s.is_some()
+        || row.pcie_rx_bytes_per_s.is_some()
+        || row.mig_mode.is_some()
+        || (row.gr_engine_active_pct.is_some()
+            && row.profiling_source == Some(ProfilingSource::Gpm.into()))
+}
+
+/// Fills the columns read only at slow-read ticks that `row` lacks from
+/// `held`, an earlier row of the same GPU or MIG device: what a scrape
+/// between two slow reads shows.
+pub fn hold_slow_readings(held: &GpuSample, row: &mut GpuSample) {
+    fn hold<T: Copy>(to: &mut Option<T>, from: Option<T>) {
+        if to.is_none() {
+            *to = from;
+        }
+    }
+    hold(&mut row.energy_mj, held.energy_mj);
+    hold(&mut row.power_avg_mw, held.power_avg_mw);
+    hold(&mut row.pcie_replay_count, held.pcie_replay_count);
+    hold(&mut row.pcie_tx_bytes_per_s, held.pcie_tx_bytes_per_s);
+    hold(&mut row.pcie_rx_bytes_per_s, held.pcie_rx_bytes_per_s);
+    hold(&mut row.mig_mode, held.mig_mode);
+    hold(&mut row.gr_engine_active_pct, held.gr_engine_active_pct);
+}
+
 /// One `nvmlDeviceGetFieldValues` call's results, by field id.
 #[derive(Debug, Default)]
 struct Fields {
@@ -495,8 +590,13 @@ struct Fields {
 }
 
 impl Fields {
-    fn read(device: &Device<'static>, read: &mut Reader<'_>) -> Fields {
-        let ids = &*FIELD_IDS;
+    /// The per-tick fields, and at slow-read ticks the slow ones too.
+    fn read(device: &Device<'static>, slow: bool, read: &mut Reader<'_>) -> Fields {
+        let ids = if slow {
+            &*ALL_FIELD_IDS
+        } else {
+            &*TICK_FIELD_IDS
+        };
         let Some(samples) = read.get("field_values", device.field_values_for(ids)) else {
             return Fields::default();
         };
@@ -542,11 +642,18 @@ fn field_name(id: u32) -> &'static str {
     }
 }
 
+/// A tick's time, and whether the slow reads are due at it.
+#[derive(Debug, Clone, Copy)]
+struct Due {
+    ts_us: i64,
+    slow: bool,
+}
+
 /// One GPU's own row. Its activity comes from `dcgm` when DCGM reads the
 /// GPU, else from GPM.
 fn sample_device(
     gpu: &mut GpuState,
-    ts_us: i64,
+    Due { ts_us, slow }: Due,
     xid_count: u32,
     dcgm: Option<&Activity>,
     read: &mut Reader<'_>,
@@ -568,33 +675,57 @@ fn sample_device(
         None
     };
     let power_mw = read.get("power", device.power_usage());
-    let energy_mj = read.get("energy", device.total_energy_consumption());
+    let energy_mj = if slow {
+        read.get("energy", device.total_energy_consumption())
+    } else {
+        None
+    };
     let reasons = read
         .get("clock_event_reasons", device.current_throttle_reasons())
         .map(|r| r.bits());
-    let fields = Fields::read(device, read);
+    let fields = Fields::read(device, slow, read);
     let (activity, source) = match dcgm {
         Some(activity) => {
             // GPM starts over with two fresh samples should DCGM stop.
-            if let Some(prev) = gpu.gpm.as_mut() {
-                *prev = None;
+            if let Some(samples) = gpu.gpm.as_mut() {
+                *samples = GpmSamples::default();
             }
             (*activity, ProfilingSource::Dcgm)
         }
-        None => (sample_gpm(device, &mut gpu.gpm, read), ProfilingSource::Gpm),
+        None => {
+            let take = || device.gpm_sample();
+            let activity = gpu
+                .gpm
+                .as_mut()
+                .map(|samples| sample_gpm(device.nvml(), samples, slow, take, "gpm_sample", read))
+                .unwrap_or_default();
+            (activity, ProfilingSource::Gpm)
+        }
     };
 
     let now = Counters {
         ts_us,
-        energy_mj,
-        pcie_tx_bytes: fields.get(field::PCIE_COUNT_TX_BYTES),
-        pcie_rx_bytes: fields.get(field::PCIE_COUNT_RX_BYTES),
         nvlink_tx_kib: fields.get(field::NVLINK_THROUGHPUT_DATA_TX),
         nvlink_rx_kib: fields.get(field::NVLINK_THROUGHPUT_DATA_RX),
+        ..Counters::default()
     };
     let prev = gpu.prev.replace(now);
     let rate = |pick: fn(&Counters) -> Option<u64>, unit: u64| -> Option<u64> {
         per_second(prev.as_ref(), &now, pick, unit)
+    };
+    let slow_now = slow.then(|| Counters {
+        ts_us,
+        energy_mj,
+        pcie_tx_bytes: fields.get(field::PCIE_COUNT_TX_BYTES),
+        pcie_rx_bytes: fields.get(field::PCIE_COUNT_RX_BYTES),
+        ..Counters::default()
+    });
+    let prev_slow = match slow_now {
+        Some(now) => gpu.prev_slow.replace(now),
+        None => None,
+    };
+    let slow_rate = |pick: fn(&Counters) -> Option<u64>, unit: u64| -> Option<u64> {
+        per_second(prev_slow.as_ref(), slow_now.as_ref()?, pick, unit)
     };
     let sample = GpuSample {
         ts_us,
@@ -623,7 +754,7 @@ fn sample_device(
         gr_engine_active_pct: activity[4],
         profiling_source: profiling_source(&activity, source),
         power_limit_mw: read.get("power_limit", device.enforced_power_limit()),
-        power_avg_mw: rate(|c| c.energy_mj, 1).and_then(|mw| u32::try_from(mw).ok()),
+        power_avg_mw: slow_rate(|c| c.energy_mj, 1).and_then(|mw| u32::try_from(mw).ok()),
         clock_event_reasons: reasons,
         ecc_corrected_volatile: fields.get(field::ECC_SBE_VOL_TOTAL),
         ecc_uncorrected_volatile: fields.get(field::ECC_DBE_VOL_TOTAL),
@@ -637,19 +768,26 @@ fn sample_device(
         remapped_rows_pending: fields.get_bool(field::REMAPPED_PENDING),
         remapped_rows_failure: fields.get_bool(field::REMAPPED_FAILURE),
         pcie_replay_count: fields.get(field::PCIE_REPLAY_COUNTER),
-        pcie_tx_bytes_per_s: rate(|c| c.pcie_tx_bytes, 1),
-        pcie_rx_bytes_per_s: rate(|c| c.pcie_rx_bytes, 1),
+        pcie_tx_bytes_per_s: slow_rate(|c| c.pcie_tx_bytes, 1),
+        pcie_rx_bytes_per_s: slow_rate(|c| c.pcie_rx_bytes, 1),
         nvlink_tx_bytes_per_s: rate(|c| c.nvlink_tx_kib, 1024),
         nvlink_rx_bytes_per_s: rate(|c| c.nvlink_rx_kib, 1024),
         xid_count,
-        mig_mode: read
-            .get("mig_mode", device.mig_mode())
-            .map(|m| m.current == nvml_wrapper_sys::bindings::NVML_DEVICE_MIG_ENABLE),
+        mig_mode: if slow {
+            read.get("mig_mode", device.mig_mode())
+                .map(|m| m.current == nvml_wrapper_sys::bindings::NVML_DEVICE_MIG_ENABLE)
+        } else {
+            None
+        },
         pcie_link_gen: read.get("pcie_link_gen", device.current_pcie_link_gen()),
         pcie_link_gen_max: read.get("pcie_link_gen_max", device.max_pcie_link_gen()),
         pcie_link_width: read.get("pcie_link_width", device.current_pcie_link_width()),
         pcie_link_width_max: read.get("pcie_link_width_max", device.max_pcie_link_width()),
-        fan_speed_pct: read.get("fan_speed", device.fan_speed(0)),
+        fan_speed_pct: if gpu.fans {
+            read.get("fan_speed", device.fan_speed(0))
+        } else {
+            None
+        },
         performance_state: read
             .get("performance_state", device.performance_state())
             .and_then(pstate_number),
@@ -788,7 +926,7 @@ fn mig_instances(
             device: mig,
             gpu_instance_id,
             compute_instance_id,
-            gpm: gpm.then_some(None),
+            gpm: gpm.then(GpmSamples::default),
         });
     }
     info!(
@@ -836,7 +974,7 @@ fn instance_id(
 /// activity and its XIDs; the physical readings stay on the GPU's row.
 fn sample_instances(
     gpu: &mut GpuState,
-    ts_us: i64,
+    Due { ts_us, slow }: Due,
     xids: &[Xid],
     read: &mut Reader<'_>,
     rows: &mut Vec<GpuSample>,
@@ -844,7 +982,13 @@ fn sample_instances(
     let parent = &gpu.device;
     for mig in &mut gpu.instances {
         let memory = read.get("mig_memory_info", mig.device.memory_info());
-        let gpm = sample_mig_gpm(parent, mig, read);
+        let gi = mig.gpu_instance_id;
+        let take = || parent.gpm_mig_sample(gi);
+        let gpm = mig
+            .gpm
+            .as_mut()
+            .map(|samples| sample_gpm(parent.nvml(), samples, slow, take, "gpm_mig_sample", read))
+            .unwrap_or_default();
         let instance = Some((mig.gpu_instance_id, mig.compute_instance_id));
         rows.push(GpuSample {
             ts_us,
@@ -873,35 +1017,6 @@ fn sample_instances(
     }
 }
 
-/// GPM activity of a MIG device's GPU instance between the previous tick
-/// and this one, in GpuSample order.
-fn sample_mig_gpm(
-    parent: &Device<'static>,
-    mig: &mut MigInstance,
-    read: &mut Reader<'_>,
-) -> [Option<f32>; GPM_METRICS.len()] {
-    let mut out = [None; GPM_METRICS.len()];
-    let Some(prev) = mig.gpm.as_mut() else {
-        return out;
-    };
-    let Some(now) = read.get("gpm_mig_sample", parent.gpm_mig_sample(mig.gpu_instance_id)) else {
-        *prev = None;
-        return out;
-    };
-    if let Some(before) = prev.take()
-        && let Some(results) = read.get(
-            "gpm_metrics",
-            gpm_metrics_get(parent.nvml(), &before, &now, &GPM_METRICS),
-        )
-    {
-        for (slot, result) in out.iter_mut().zip(results) {
-            *slot = read.get("gpm_metric", result).map(|r| r.value as f32);
-        }
-    }
-    *prev = Some(now);
-    out
-}
-
 /// Increase per second of a counter between two ticks, times `unit`; None on
 /// the first tick, when either reading is missing, or when the counter went
 /// backwards (a driver reload resets NVML's counters).
@@ -920,32 +1035,40 @@ fn per_second(
     u64::try_from(per_s).ok()
 }
 
-/// GPM activity between the previous tick and this one, in GpuSample order.
+/// GPM activity in GpuSample order: the per-tick metrics between the
+/// previous tick and this one, and at slow-read ticks the others between the
+/// previous slow-read tick and this one. `take` takes a sample (of a GPU or
+/// of a MIG device's GPU instance), named `what` in errors.
 fn sample_gpm(
-    device: &Device<'static>,
-    gpm: &mut Option<Option<GpmSample<'static>>>,
+    nvml: &Nvml,
+    samples: &mut GpmSamples,
+    slow: bool,
+    take: impl Fn() -> Result<GpmSample<'static>, NvmlError>,
+    what: &'static str,
     read: &mut Reader<'_>,
 ) -> [Option<f32>; GPM_METRICS.len()] {
     let mut out = [None; GPM_METRICS.len()];
-    let Some(prev) = gpm.as_mut() else {
-        return out;
-    };
-    let Some(now) = read.get("gpm_sample", device.gpm_sample()) else {
-        *prev = None;
-        return out;
-    };
-    if let Some(before) = prev.take() {
-        let nvml = device.nvml();
-        if let Some(results) = read.get(
-            "gpm_metrics",
-            gpm_metrics_get(nvml, &before, &now, &GPM_METRICS),
-        ) {
-            for (slot, result) in out.iter_mut().zip(results) {
+    let mut between = |prev: &mut Option<GpmSample<'static>>, range: std::ops::Range<usize>| {
+        let Some(now) = read.get(what, take()) else {
+            *prev = None;
+            return;
+        };
+        if let Some(before) = prev.take()
+            && let Some(results) = read.get(
+                "gpm_metrics",
+                gpm_metrics_get(nvml, &before, &now, &GPM_METRICS[range.clone()]),
+            )
+        {
+            for (slot, result) in out[range].iter_mut().zip(results) {
                 *slot = read.get("gpm_metric", result).map(|r| r.value as f32);
             }
         }
+        *prev = Some(now);
+    };
+    between(&mut samples.tick, 0..GPM_SLOW_FROM);
+    if slow {
+        between(&mut samples.slow, GPM_SLOW_FROM..GPM_METRICS.len());
     }
-    *prev = Some(now);
     out
 }
 

@@ -1511,7 +1511,8 @@ gpu_u32_export!(
 );
 
 /// Fan `fan`'s speed in %: the GPU has one fan (`fan_speed_pct`), or none
-/// when that is an error.
+/// when that is "unsupported", and then, as an H200 SXM with driver 580
+/// answers for its fan 0, any fan is an invalid argument.
 ///
 /// # Safety
 /// `speed` must be null or valid for a write.
@@ -1523,7 +1524,7 @@ pub unsafe extern "C" fn nvmlDeviceGetFanSpeed_v2(
 ) -> nvmlReturn_t {
     with_gpu(device, |g, t| {
         let value = as_c_uint(g.read(&g.fan_speed_pct, t));
-        if fan != 0 && value.is_ok() {
+        if matches!(value, Err(Fault::NotSupported)) || (fan != 0 && value.is_ok()) {
             return INVALID_ARGUMENT;
         }
         // SAFETY: forwarded from the caller.
@@ -1531,7 +1532,8 @@ pub unsafe extern "C" fn nvmlDeviceGetFanSpeed_v2(
     })
 }
 
-/// 1 fan, or `fan_speed_pct`'s error (a passively cooled board).
+/// 1 fan; 0 when `fan_speed_pct` is "unsupported" (a board the chassis
+/// cools, as an H200 SXM reports itself); `fan_speed_pct`'s other errors.
 ///
 /// # Safety
 /// `count` must be null or valid for a write.
@@ -1541,7 +1543,10 @@ pub unsafe extern "C" fn nvmlDeviceGetNumFans(
     count: *mut c_uint,
 ) -> nvmlReturn_t {
     with_gpu(device, |g, t| {
-        let value = g.read(&g.fan_speed_pct, t).map(|_| 1);
+        let value = match g.read(&g.fan_speed_pct, t) {
+            Err(Fault::NotSupported) => Ok(0),
+            other => other.map(|_| 1),
+        };
         // SAFETY: forwarded from the caller.
         unsafe { put(count, value) }
     })
