@@ -419,6 +419,7 @@ fn every_capture_arrives_in_the_gpu_rows_in_nvml_units() {
             ("a100-sxm4-80gb-mig_535.54.03_v12.xml", 1),
             ("a10g_515.105.01_v11.xml", 1),
             ("h100-sxm5-x8_580.105.08_v13.xml", 8),
+            ("h200_580.159.04_v13.xml", 1),
             ("t4_515.105.01_v11.xml", 1),
             ("t4_595.91.07_v13.xml", 1),
             ("v100-sxm3-32gb_410.104_v10.xml", 1),
@@ -485,4 +486,82 @@ fn notable_capture_values_are_exact() {
     );
     assert_eq!(mig["gpus"][0]["mig_mode"], json!(true));
     assert_eq!(mig["gpus"][0]["gpu_util_pct"], json!(null));
+}
+
+/// The fake against the real thing: the H200 capture (`nvidia-smi -q -x`
+/// on a real H200, driver 580.159.04) through the converter and the fake
+/// NVML reads as `gputel-agent --once` read the real driver two seconds
+/// later on the same idle GPU (`tests/fixtures/h200-recording/once-idle.json`).
+/// What cannot change while a GPU idles must be equal; what is measured,
+/// within what moves in two seconds; the XML's whole MiB within one MiB of
+/// NVML's bytes.
+#[test]
+fn the_fake_h200_reads_as_the_real_driver_did() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let out = Command::new(nvsmi_scenario_bin())
+        .arg(fixture("nvidia-smi").join("h200_580.159.04_v13.xml"))
+        .output()
+        .expect("run nvsmi-scenario");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let scenario = tmp.path().join("scenario.toml");
+    std::fs::write(&scenario, &out.stdout).expect("write scenario");
+    let fake = once(&scenario);
+    let real: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixture("h200-recording").join("once-idle.json"))
+            .expect("the recorded --once"),
+    )
+    .expect("JSON");
+    assert_eq!(fake["gpu_status"]["driver_version"], json!("580.159.04"));
+    assert_eq!(real["gpu_status"]["driver_version"], json!("580.159.04"));
+    let (f, r) = (&fake["gpus"][0], &real["gpus"][0]);
+    for field in [
+        "model",
+        "uuid",
+        "pci_bus_id",
+        "fb_total_bytes",
+        "fb_used_bytes",
+        "power_limit_mw",
+        "memory_clock_mhz",
+        "gpu_util_pct",
+        "memory_copy_util_pct",
+        "enc_util_pct",
+        "dec_util_pct",
+        "clock_event_reasons",
+        "ecc_corrected_volatile",
+        "ecc_uncorrected_volatile",
+        "ecc_corrected_aggregate",
+        "ecc_uncorrected_aggregate",
+        "retired_pages_sbe",
+        "remapped_rows_corrected",
+        "remapped_rows_uncorrected",
+        "remapped_rows_pending",
+        "remapped_rows_failure",
+        "mig_mode",
+        "pcie_link_gen",
+        "pcie_link_gen_max",
+        "pcie_link_width",
+        "pcie_link_width_max",
+        "fan_speed_pct",
+        "performance_state",
+    ] {
+        assert_eq!(f[field], r[field], "{field}");
+    }
+    assert_eq!(r["model"], json!("NVIDIA H200"));
+    let near = |field: &str, within: f64| {
+        let (a, b) = (f[field].as_f64(), r[field].as_f64());
+        let (Some(a), Some(b)) = (a, b) else {
+            panic!("{field}: fake {} real {}", f[field], r[field]);
+        };
+        assert!((a - b).abs() <= within, "{field}: fake {a} real {b}");
+    };
+    near("temperature_c", 1.0);
+    near("memory_temperature_c", 1.0);
+    near("power_mw", 2_000.0);
+    near("sm_clock_mhz", 0.0);
+    near("fb_reserved_bytes", MIB);
+    near("fb_free_bytes", MIB);
 }
