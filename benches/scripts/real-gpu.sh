@@ -20,7 +20,8 @@
 # and, before and during the load, nvml-calls.py (each per-tick NVML call
 # timed, GPM and XID registration checked), `gputel-agent --once`,
 # `nvidia-smi -q -x`, and a /metrics page. The agent's and collector's CPU
-# and peak RSS come from wait4() (rusage.txt). The store is packed into
+# and peak RSS come from wait4() (rusage.txt), the load average at the start
+# and end of the run from /proc/loadavg (loadavg.txt). The store is packed into
 # store.tar.gz; benches/scripts/vs-nvidia-smi.sh compares it with
 # nvidia-smi.csv.gz.
 set -euo pipefail
@@ -84,6 +85,7 @@ say "NVML calls, idle"
 python3 "$here/nvml-calls.py" --label idle >"$out/nvml-calls-idle.json" || true
 
 say "collector and agent, $ticks ticks"
+echo "start $(cat /proc/loadavg)" >"$out/loadavg.txt"
 mkdir -p "$work/jobmap"
 rusage collector "$bin/gputel-collector" --plaintext --listen 127.0.0.1:7117 \
   --store "$work/store" --wal-dir "$work/wal" 2>"$out/collector.log" &
@@ -108,6 +110,7 @@ nvidia-smi -q -x >"$out/nvidia-smi-q-loaded.xml" || true
 
 wait "$load_job" || say "the load exited with $?"
 wait "$agent_job" || say "the agent exited with $?"
+echo "end $(cat /proc/loadavg)" >>"$out/loadavg.txt"
 kill -TERM "$smi_job" "$(cat "$work/collector.pid")"
 wait
 sed 's/^/agent /' "$work/agent.rusage" >"$out/rusage.txt"
