@@ -586,6 +586,6 @@ mod tests {
             }
             converted += 1;
         }
-        assert_eq!(converted, 7);
+        assert_eq!(converted, 8);
     }
 }
