@@ -54,7 +54,10 @@ def calls(h):
         sample = N.nvmlGpmSampleAlloc()
         out.append(("nvmlGpmSampleGet", lambda: N.nvmlGpmSampleGet(h, sample)))
     except N.NVMLError as e:
-        out.append(("nvmlGpmSampleGet", lambda e=e: (_ for _ in ()).throw(e)))
+        # No sample to take: each timed call reports the allocation's error.
+        def failed(e=e):
+            raise e
+        out.append(("nvmlGpmSampleGet", failed))
     return out
 
 
