@@ -11,8 +11,9 @@
 //!
 //! A metric value is one non-null value of a numeric column of a stored row
 //! that is not a key column (time, node, GPU index, UUID, model, IB device,
-//! port): 11 per `gpu` row, 11 per `node` row, 9 per `ib` row. The bytes are
-//! whole files (keys, bloom filters, page indexes and footers included);
+//! port): 12 per `gpu` row and the energy counter in every tenth (read at
+//! the agent's slow-read ticks), 12 per `node` row, 5 per `ib` row. The
+//! bytes are whole files (keys, bloom filters, page indexes and footers included);
 //! "metric cols" counts only the compressed column chunks of metric columns.
 //! Then the bytes per column type (timestamp, integer, float, boolean,
 //! dictionary string) and per column, and the hourly total under other
@@ -129,6 +130,10 @@ const VARIANTS: &[Variant] = &[
     Variant {
         name: "zstd level 19",
         change: |b, _| zstd(b, 19),
+    },
+    Variant {
+        name: "data pages v1 (null flags compressed with the values)",
+        change: |b, _| b.set_writer_version(parquet::file::properties::WriterVersion::PARQUET_1_0),
     },
     Variant {
         name: "floats PLAIN instead of BYTE_STREAM_SPLIT",
@@ -357,7 +362,8 @@ fn print_table(title: &str, sizes: &BTreeMap<Table, Size>) {
 
 fn print_columns(sizes: &BTreeMap<Table, Size>) {
     println!(
-        "\nhourly files, compressed bytes per column (per value for metric columns, per row for keys)"
+        "\nhourly files, compressed bytes per column (per value for metric columns, - where \
+         they hold none; per row for keys)"
     );
     for (table, s) in sizes {
         let schema = table.schema();
@@ -369,14 +375,15 @@ fn print_columns(sizes: &BTreeMap<Table, Size>) {
             .fields()
             .iter()
             .map(|f| {
-                let bytes = s.columns.get(f.name()).copied().unwrap_or(0);
-                let per_row = bytes as f64 / s.rows.max(1) as f64;
-                let mark = if metric.contains(&f.name().as_str()) {
-                    ""
+                let bytes = s.columns.get(f.name()).copied().unwrap_or(0) as f64;
+                if metric.contains(&f.name().as_str()) {
+                    match s.col_values.get(f.name()).copied().unwrap_or(0) {
+                        0 => format!("{} -", f.name()),
+                        values => format!("{} {:.3}", f.name(), bytes / values as f64),
+                    }
                 } else {
-                    "*"
-                };
-                format!("{}{mark} {per_row:.3}", f.name())
+                    format!("{}* {:.3}", f.name(), bytes / s.rows.max(1) as f64)
+                }
             })
             .collect();
         println!("{:<5} {}", table.name(), line.join(", "));

@@ -89,10 +89,10 @@ stop_collector() {
   wait "$COLLECTOR_PID" || die "the collector failed: $(tail -5 "$(dirname "$COLLECTOR_TIME")/collector.log")"
 }
 
-# What the stores below were written from: the simulator's source. A store
-# made by another simulator is written again.
+# What the stores below were written from: the simulator's and the load
+# generator's source. A store made by another simulator is written again.
 simulator_stamp() {
-  sha256sum benches/src/lib.rs | cut -c1-16
+  cat benches/src/lib.rs benches/src/loadgen.rs | sha256sum | cut -c1-16
 }
 
 # Whether the store in $1 was finished by the current simulator.

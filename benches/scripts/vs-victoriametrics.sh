@@ -10,13 +10,14 @@
 #   benches/scripts/vs-victoriametrics.sh [NODES] [realistic|noise]   # default 16 realistic
 #
 # A metric value is a non-null value of a numeric, non-key column (those
-# the simulator fills: 13 per gpu row, 12 per node row, 5 per ib row;
-# benches/README.md), read from the compacted file's own schema, so both
-# stores get the same columns: counters, not rates, where the table holds
-# counters. In VictoriaMetrics each column is a metric, labelled by node and GPU, or
-# by node, device and port; job ids are left out (as labels they would
-# only add series). Its size is its whole storage directory (data and
-# index) after a forced merge.
+# the simulator fills: 12 per gpu row and the energy counter every 10 s,
+# 12 per node row, 5 per ib row; benches/README.md), read from the
+# compacted file's own schema, so both stores get the same columns:
+# counters, not rates, where the table holds counters. In VictoriaMetrics
+# each column is a metric, labelled by node and GPU, or by node, device
+# and port; job ids are left out (as labels they would only add series).
+# Its size is its whole storage directory (data and index) after a forced
+# merge.
 cd "$(dirname "$0")/../.."
 source benches/scripts/common.sh
 

@@ -27,6 +27,10 @@ pub const SECOND_US: i64 = 1_000_000;
 pub const GPUS_PER_NODE: u32 = 8;
 /// InfiniBand HCAs on every simulated node, one port each, as in the fixtures.
 pub const IB_PORTS_PER_NODE: usize = 4;
+/// The agent's default `--slow-read-interval`: what costs NVML milliseconds
+/// (the energy counter, PCIe bytes and replays, GPM graphics activity, MIG
+/// mode) is read at the first tick and then once every 10 s.
+pub const SLOW_READ_US: i64 = 10 * SECOND_US;
 
 /// Columns that say which row this is rather than what was measured.
 pub const KEY_COLUMNS: &[&str] = &[
@@ -202,6 +206,35 @@ pub enum Values {
     Noise,
 }
 
+/// When the agent reads its slow columns, as `gputel-agent` decides it: at
+/// the first tick, then at the first tick at or after each multiple of the
+/// interval (wall-clock aligned, so every agent of a fleet reads them at
+/// the same ticks).
+#[derive(Debug, Clone)]
+pub struct SlowReads {
+    interval_us: i64,
+    next_us: i64,
+}
+
+impl SlowReads {
+    /// Slow reads every `interval_us` (0: at every tick, as `--once` does).
+    pub fn new(interval_us: i64) -> Self {
+        Self {
+            interval_us: interval_us.max(1),
+            next_us: i64::MIN,
+        }
+    }
+
+    /// Whether the tick at `ts_us` (ticks in increasing time) reads them.
+    pub fn due(&mut self, ts_us: i64) -> bool {
+        let due = ts_us >= self.next_us;
+        if due {
+            self.next_us = gputel_agent::clock::next_tick(ts_us, self.interval_us);
+        }
+        due
+    }
+}
+
 /// Simulated nodes of a training cluster, stepped one 1 s tick at a time:
 /// [`GPUS_PER_NODE`] GPUs and [`IB_PORTS_PER_NODE`] ports each. See
 /// [`SimNode`] for how one node behaves.
@@ -293,6 +326,7 @@ pub struct SimNode {
     every_field: bool,
     /// [`every_node_field`]'s energy counters: packages, DRAM.
     rapl_energy_uj: [u64; 2],
+    slow_reads: SlowReads,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -323,6 +357,8 @@ struct GpuSim {
     temp_c: f64,
     energy_mj: u64,
     fb_used: u64,
+    /// The time and energy counter of the last slow-read tick.
+    last_slow_read: Option<(i64, u64)>,
 }
 
 #[derive(Debug)]
@@ -367,6 +403,7 @@ impl SimNode {
                     // About nine days since the driver loaded, at ~400 W.
                     energy_mj: (rng.range(2.8e11, 3.4e11)) as u64,
                     fb_used: 0,
+                    last_slow_read: None,
                 }
             })
             .collect();
@@ -413,6 +450,7 @@ impl SimNode {
             values: Values::Realistic,
             every_field: false,
             rapl_energy_uj: [0; 2],
+            slow_reads: SlowReads::new(SLOW_READ_US),
             rng,
         };
         node.start_phase();
@@ -432,6 +470,13 @@ impl SimNode {
     /// the same either way.
     pub fn with_every_field(mut self, every_field: bool) -> Self {
         self.every_field = every_field;
+        self
+    }
+
+    /// The same node, reading its slow columns every `interval_us` instead
+    /// of the agent's default [`SLOW_READ_US`] (0: at every tick).
+    pub fn with_slow_read_interval(mut self, interval_us: i64) -> Self {
+        self.slow_reads = SlowReads::new(interval_us);
         self
     }
 
@@ -553,6 +598,12 @@ impl SimNode {
         } else {
             (gpu, node, ib)
         };
+        let slow = self.slow_reads.due(ts_us);
+        let gpu = gpu
+            .into_iter()
+            .zip(&mut self.gpus)
+            .map(|(s, g)| g.as_sent(s, slow))
+            .collect();
         Batch {
             seq: self.seq,
             gpu,
@@ -774,7 +825,9 @@ impl GpuSim {
         let target_w = match phase {
             Phase::Train => 560.0 + 110.0 * theta.sin() + self.power_offset_w + 12.0 * rng.normal(),
             Phase::Checkpoint => 140.0 + 0.5 * self.power_offset_w + 10.0 * rng.normal(),
-            Phase::Idle => 69.0 + 0.1 * self.power_offset_w + 1.5 * rng.normal(),
+            // An idle H200 read once a second moved by a median 56 mW
+            // (tests/fixtures/h200-recording); this gives about 70 mW.
+            Phase::Idle => 69.0 + 0.1 * self.power_offset_w + 0.15 * rng.normal(),
         };
         // NVML's power reading averages over about a second.
         let settle = (0.6 * dt).min(1.0);
@@ -829,6 +882,43 @@ impl GpuSim {
             fb_free_bytes: Some(FB_TOTAL - FB_RESERVED - self.fb_used),
             fb_total_bytes: Some(FB_TOTAL),
             ..GpuSample::default()
+        }
+    }
+
+    /// `s` as the agent sends it: the columns read only at slow-read ticks
+    /// (see [`SLOW_READ_US`]) null between them, and at the first one those
+    /// that span two slow reads (average power, PCIe rates, GPM graphics
+    /// activity); later, average power over the time since the last one.
+    fn as_sent(&mut self, s: GpuSample, slow: bool) -> GpuSample {
+        if !slow {
+            return GpuSample {
+                energy_mj: None,
+                power_avg_mw: None,
+                pcie_replay_count: None,
+                pcie_tx_bytes_per_s: None,
+                pcie_rx_bytes_per_s: None,
+                mig_mode: None,
+                gr_engine_active_pct: None,
+                ..s
+            };
+        }
+        let now = (s.ts_us, s.energy_mj.unwrap_or(0));
+        match self.last_slow_read.replace(now) {
+            None => GpuSample {
+                power_avg_mw: None,
+                pcie_tx_bytes_per_s: None,
+                pcie_rx_bytes_per_s: None,
+                gr_engine_active_pct: None,
+                ..s
+            },
+            Some((ts_us, energy_mj)) => {
+                // mJ per µs × 10⁶: mW.
+                let avg_mw = (now.1 - energy_mj) * 1_000_000 / (now.0 - ts_us).max(1) as u64;
+                GpuSample {
+                    power_avg_mw: s.power_avg_mw.map(|_| avg_mw as u32),
+                    ..s
+                }
+            }
         }
     }
 }
@@ -1041,22 +1131,40 @@ mod tests {
             SimNode::new(2, "n-1".to_owned(), 8, START_US, SECOND_US).with_every_field(every)
         };
         let (mut plain, mut full) = (node(false), node(true));
-        for _ in 0..900 {
+        let mut last_energy: Option<u64> = None;
+        for k in 0..900 {
             let (p, f) = (plain.next_batch(), full.next_batch());
             validate_batch(&f, START_US + 3600 * SECOND_US).expect("a full batch is valid");
+            // Slow reads every 10 s from the first tick (START_US is a
+            // multiple of 10 s).
+            let slow = k % 10 == 0;
             for (p, f) in p.gpu.iter().zip(&f.gpu) {
                 assert_eq!(
                     (p.power_mw, p.energy_mj, p.temperature_c),
                     (f.power_mw, f.energy_mj, f.temperature_c)
                 );
-                assert_eq!(f.power_avg_mw, f.power_mw);
                 assert_eq!(f.power_limit_mw, Some(700_000));
                 // As NVML answers on an H100 SXM: no retired pages, no fan, no MIG.
                 assert_eq!(
                     (f.retired_pages_sbe, f.fan_speed_pct, f.gpu_instance_id),
                     (None, None, None)
                 );
-                assert_eq!(f.mig_mode, Some(false));
+                assert_eq!(f.mig_mode, slow.then_some(false));
+                assert_eq!(f.energy_mj.is_some(), slow);
+                // Average power and graphics activity span two slow reads.
+                let spans = slow && k > 0;
+                assert_eq!(f.gr_engine_active_pct.is_some(), spans);
+                assert_eq!(f.pcie_tx_bytes_per_s.is_some(), spans);
+            }
+            let gpu0 = &f.gpu[0];
+            if slow {
+                if let Some(before) = last_energy {
+                    // 10 s at the average power, in mJ, to within rounding.
+                    let used = gpu0.energy_mj.unwrap() - before;
+                    let avg = u64::from(gpu0.power_avg_mw.unwrap());
+                    assert!(used.abs_diff(10 * avg) < 10, "{used} mJ, {avg} mW");
+                }
+                last_energy = gpu0.energy_mj;
             }
             for (p, f) in p.ib.iter().zip(&f.ib) {
                 assert_eq!((p.xmit_bytes, p.rcv_packets), (f.xmit_bytes, f.rcv_packets));
@@ -1078,23 +1186,31 @@ mod tests {
             f.gpu[0].job_id.iter().cloned().collect::<Vec<_>>()
         );
 
-        // Stored values per tick of 8 GPUs: 8 × 40, 16, 4 × 29 (the realistic
-        // mode's 8 × 13, 12, 4 × 5).
-        let mut buffer = WriteBuffer::default();
-        let batch = full.next_batch();
-        buffer.append(
-            "n-1",
-            validate_batch(&batch, START_US + 3600 * SECOND_US).unwrap(),
-        );
-        let values: Vec<_> = buffer
-            .take()
-            .unwrap()
-            .into_iter()
-            .filter(|(t, _, _)| [Table::Gpu, Table::Node, Table::Ib].contains(t))
-            .map(|(t, _, b)| (t, metric_values(t, &b)))
-            .collect();
+        // Stored values per tick of 8 GPUs: 8 × 34, 16, 4 × 29, and at slow
+        // reads 8 × 40 (the realistic mode's 8 × 12, 12, 4 × 5, and 8 × 13).
+        let values = |batch: Batch| -> Vec<_> {
+            let mut buffer = WriteBuffer::default();
+            let valid = validate_batch(&batch, START_US + 3600 * SECOND_US).unwrap();
+            buffer.append("n-1", valid);
+            buffer
+                .take()
+                .unwrap()
+                .into_iter()
+                .filter(|(t, _, _)| [Table::Gpu, Table::Node, Table::Ib].contains(t))
+                .map(|(t, _, b)| (t, metric_values(t, &b)))
+                .collect()
+        };
+        let plain_tick = values(full.next_batch()); // 901 s
         assert_eq!(
-            values,
+            plain_tick,
+            [(Table::Gpu, 8 * 34), (Table::Node, 16), (Table::Ib, 4 * 29)]
+        );
+        for _ in 902..910 {
+            full.next_batch();
+        }
+        let slow_tick = values(full.next_batch()); // 910 s
+        assert_eq!(
+            slow_tick,
             [(Table::Gpu, 8 * 40), (Table::Node, 16), (Table::Ib, 4 * 29)]
         );
     }
@@ -1115,12 +1231,20 @@ mod tests {
         // Counters still only grow; gauges stay in range but jump anywhere.
         for pair in noise.windows(5) {
             let (a, b) = (&pair[0], &pair[4]);
-            for (x, y) in a.batch.gpu.iter().zip(&b.batch.gpu) {
-                assert!(y.energy_mj >= x.energy_mj);
-                assert!(y.energy_mj.unwrap() - x.energy_mj.unwrap() <= 700_000);
-            }
             for (x, y) in a.batch.ib.iter().zip(&b.batch.ib) {
                 assert!(y.xmit_bytes >= x.xmit_bytes && y.rcv_packets >= x.rcv_packets);
+            }
+        }
+        // The energy counter, read every 10 s, grows by up to 700 W × 10 s.
+        let slow_reads = noise
+            .windows(41)
+            .filter(|pair| pair[0].batch.gpu[0].energy_mj.is_some());
+        assert_eq!(slow_reads.clone().count(), 4 * 29);
+        for pair in slow_reads {
+            let (a, b) = (&pair[0], &pair[40]);
+            for (x, y) in a.batch.gpu.iter().zip(&b.batch.gpu) {
+                let used = y.energy_mj.unwrap() - x.energy_mj.unwrap();
+                assert!(used <= 7_000_000, "{used}");
             }
         }
         let powers: Vec<u32> = noise
@@ -1207,7 +1331,9 @@ mod tests {
             let (a, b) = (&pair[0], &pair[4]); // the same node, one tick apart
             assert_eq!(a.node, b.node);
             for (x, y) in a.batch.gpu.iter().zip(&b.batch.gpu) {
-                assert!(y.energy_mj > x.energy_mj);
+                // Read at the slow-read ticks, every 10 s from the first.
+                let slow = (y.ts_us - START_US) % SLOW_READ_US == 0;
+                assert_eq!(y.energy_mj.is_some(), slow);
                 let dt = x
                     .temperature_c
                     .unwrap_or(0)
@@ -1218,6 +1344,18 @@ mod tests {
                 assert!(y.xmit_bytes >= x.xmit_bytes);
             }
         }
+        // An idle GPU's power moves by tens of mW a second, as the H200 of
+        // tests/fixtures/h200-recording did at idle (a median of 56 mW).
+        let mut idle_steps: Vec<u32> = batches
+            .windows(5)
+            .flat_map(|pair| pair[0].batch.gpu.iter().zip(&pair[4].batch.gpu))
+            .filter(|(x, y)| x.job_id.is_none() && y.job_id.is_none())
+            .map(|(x, y)| x.power_mw.unwrap().abs_diff(y.power_mw.unwrap()))
+            .collect();
+        assert!(idle_steps.len() > 1000, "{} idle steps", idle_steps.len());
+        idle_steps.sort_unstable();
+        let median = idle_steps[idle_steps.len() / 2];
+        assert!((40..=110).contains(&median), "median idle step {median} mW");
         let temps: Vec<u32> = batches
             .iter()
             .flat_map(|b| b.batch.gpu.iter().filter_map(|g| g.temperature_c))
@@ -1231,13 +1369,29 @@ mod tests {
                 .map(|(t, _, rb)| metric_values(*t, rb))
                 .sum()
         };
-        // The simulation fills 11 GPU metrics plus the XID and job counts, 12 of
+        // The simulation fills 10 GPU metrics plus the XID and job counts (and
+        // the energy counter at the 60 slow-read ticks of each node), 12 of
         // the 16 node metrics (not RAPL's) and 5 of the 29 IB metrics (the link
         // rate and the data and packet counters, not the error or driver counters).
         assert_eq!(
             values_of(&[Table::Gpu, Table::Node, Table::Ib]),
-            2400 * (8 * 13 + 12 + 4 * 5)
+            2400 * (8 * 12 + 12 + 4 * 5) + 4 * 60 * 8
         );
+        // Between two slow reads the counter grew by the power of each tick.
+        let energy: Vec<(u64, u64)> = batches
+            .iter()
+            .filter(|b| b.node == "gpu-node-002")
+            .map(|b| &b.batch.gpu[3])
+            .scan(0, |used, g| {
+                *used += u64::from(g.power_mw.unwrap());
+                Some(g.energy_mj.map(|e| (e, *used)))
+            })
+            .flatten()
+            .collect();
+        assert_eq!(energy.len(), 60);
+        for w in energy.windows(2) {
+            assert_eq!(w[1].0 - w[0].0, w[1].1 - w[0].1);
+        }
         // Busy nodes' GPUs carry job ids, from which the collector derives `job` rows.
         let with_job = batches
             .iter()

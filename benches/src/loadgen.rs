@@ -27,7 +27,7 @@ use chrono::{DateTime, SecondsFormat};
 use clap::Parser;
 use gputel_agent::client::{self, Delivery, Identity};
 use gputel_collector::validate::{MAX_FUTURE_US, MIN_TS_US, validate_batch, validate_hello};
-use gputel_proto::{AgentMessage, Hello, agent_message};
+use gputel_proto::{AgentMessage, Batch, Hello, agent_message};
 use gputel_schemas::Table;
 use prost::Message;
 use tokio::sync::{Semaphore, mpsc};
@@ -35,7 +35,9 @@ use tokio::time::Instant;
 use tonic::transport::Endpoint;
 use tracing::{info, warn};
 
-use crate::{AgentBatch, IB_PORTS_PER_NODE, SimNode, Values, buffer_and_take, metric_values};
+use crate::{
+    AgentBatch, IB_PORTS_PER_NODE, SimNode, SlowReads, Values, buffer_and_take, metric_values,
+};
 
 /// Rows all streaming agents together may hold unacknowledged, unless
 /// `--window` says otherwise. A generated row takes about 550 bytes in memory
@@ -134,6 +136,12 @@ pub struct Cli {
     /// values stay the same.
     #[arg(long)]
     pub every_field: bool,
+    /// As the agent's --slow-read-interval: the energy counter, PCIe bytes
+    /// and replays, GPM graphics activity and MIG mode are sent at the
+    /// first tick and then once per this interval, null in between (0: at
+    /// every tick).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub slow_read_interval: Duration,
     /// Worker threads of the runtime [default: one per CPU].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub threads: Option<u32>,
@@ -203,11 +211,13 @@ pub struct Plan {
     pub values: Values,
     /// Whether rows carry every field a real node reports.
     pub every_field: bool,
+    /// Time between two slow-read ticks.
+    pub slow_read_us: i64,
     /// Makes this run's agent ids unique: a collector deduplicates by agent id
     /// and would take a second run's batches for resends of the first's.
     pub run_id: String,
-    /// Metric values in one stored row of `gpu`, `node`, `ib`.
-    pub values_per_row: [u64; 3],
+    /// Metric values in one agent's rows over the whole run.
+    pub run_values: RunValues,
 }
 
 impl Plan {
@@ -281,8 +291,9 @@ impl Plan {
             pace: cli.pace,
             values: cli.values,
             every_field: cli.every_field,
+            slow_read_us: i64::try_from(cli.slow_read_interval.as_micros()).unwrap_or(i64::MAX),
             run_id,
-            values_per_row: [0; 3],
+            run_values: RunValues::default(),
         };
         for i in [0, cli.agents - 1] {
             let hello = plan.hello(i);
@@ -291,17 +302,35 @@ impl Plan {
                 reason: e.to_string(),
             })?;
         }
-        // One tick as the collector will see it: within its limits?
-        let mut probe = SimNode::new(0, plan.node_name(0), cli.gpus, start_us, interval_us)
-            .with_every_field(cli.every_field);
-        let batch = probe.next_batch();
+        // Agent 0's node, its slow columns read every `slow_read_us`.
+        let probe = |slow_read_us| {
+            SimNode::new(0, plan.node_name(0), cli.gpus, start_us, interval_us)
+                .with_every_field(cli.every_field)
+                .with_slow_read_interval(slow_read_us)
+        };
+        // The ticks of a run: the first reads the slow columns (less those
+        // that span two slow reads), later slow-read ticks all of them, the
+        // others none.
+        let second = |slow_read_us| {
+            let mut node = probe(slow_read_us);
+            node.next_batch();
+            node.next_batch()
+        };
+        let ticks = [
+            probe(plan.slow_read_us).next_batch(),
+            second(0),
+            second(i64::MAX),
+        ];
+        // The largest as the collector will see it: within its limits?
         let too_large = |reason: String| PlanError::BatchTooLarge {
             gpus: cli.gpus,
             reason,
         };
-        validate_batch(&batch, now_us.max(start_us)).map_err(|e| too_large(e.to_string()))?;
+        let largest = &ticks[1];
+        validate_batch(largest, now_us.max(start_us).saturating_add(interval_us))
+            .map_err(|e| too_large(e.to_string()))?;
         let message_bytes = AgentMessage {
-            kind: Some(agent_message::Kind::Batch(batch.clone())),
+            kind: Some(agent_message::Kind::Batch(largest.clone())),
         }
         .encoded_len();
         if message_bytes > gputel_proto::DEFAULT_MAX_MESSAGE_BYTES {
@@ -310,10 +339,19 @@ impl Plan {
                 gputel_proto::DEFAULT_MAX_MESSAGE_BYTES
             )));
         }
-        plan.values_per_row = values_per_row(AgentBatch {
-            node: plan.node_name(0),
-            batch,
-        });
+        let mut slow = SlowReads::new(plan.slow_read_us);
+        let slow_ticks = (0..cli.ticks)
+            .filter(|&k| slow.due(start_us.saturating_add((k as i64).saturating_mul(interval_us))))
+            .count() as u64;
+        let [first, later_slow, plain] = ticks.map(|batch| values_per_tick(&plan, batch));
+        plan.run_values = RunValues {
+            rows: first.rows.map(|r| r * cli.ticks),
+            values: std::array::from_fn(|t| {
+                first.values[t]
+                    + later_slow.values[t] * (slow_ticks - 1)
+                    + plain.values[t] * (cli.ticks - slow_ticks)
+            }),
+        };
         plan.window = cli.window.unwrap_or_else(|| {
             let rows_per_batch = u64::from(cli.gpus) + 1 + IB_PORTS_PER_NODE as u64;
             (PENDING_ROWS_BUDGET / (rows_per_batch * u64::from(plan.concurrency))).max(1)
@@ -346,16 +384,35 @@ impl Plan {
     }
 }
 
-/// Metric values per stored row of `gpu`, `node` and `ib`, counted on one
-/// simulated batch (every simulated row of a table fills the same columns).
-fn values_per_row(probe: AgentBatch) -> [u64; 3] {
-    let rows = [
-        probe.batch.gpu.len() as u64,
-        probe.batch.node.len() as u64,
-        probe.batch.ib.len() as u64,
-    ];
+/// Rows of `gpu`, `node` and `ib`, and the metric values in them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RunValues {
+    pub rows: [u64; 3],
+    pub values: [u64; 3],
+}
+
+impl RunValues {
+    /// The values in `rows` of them: exact for all of them (every agent
+    /// sends the same columns at the same ticks), in proportion for part.
+    fn in_rows(&self, rows: [u64; 3]) -> u64 {
+        (0..3)
+            .map(|t| {
+                let v = u128::from(rows[t]) * u128::from(self.values[t]);
+                v.checked_div(u128::from(self.rows[t])).unwrap_or(0) as u64
+            })
+            .sum()
+    }
+}
+
+/// One simulated tick's rows and metric values.
+fn values_per_tick(plan: &Plan, batch: Batch) -> RunValues {
+    let rows = [batch.gpu.len(), batch.node.len(), batch.ib.len()].map(|n| n as u64);
     let mut values = [0u64; 3];
-    for (table, _, rb) in buffer_and_take(&[probe]) {
+    let tick = AgentBatch {
+        node: plan.node_name(0),
+        batch,
+    };
+    for (table, _, rb) in buffer_and_take(&[tick]) {
         let slot = match table {
             Table::Gpu => 0,
             Table::Node => 1,
@@ -364,7 +421,7 @@ fn values_per_row(probe: AgentBatch) -> [u64; 3] {
         };
         values[slot] += metric_values(table, &rb);
     }
-    std::array::from_fn(|i| values[i].checked_div(rows[i]).unwrap_or(0))
+    RunValues { rows, values }
 }
 
 fn rfc3339(ts_us: i64) -> String {
@@ -406,7 +463,8 @@ pub struct Summary {
     pub gpus: u32,
     pub ticks: u64,
     pub elapsed: Duration,
-    pub values_per_row: [u64; 3],
+    /// Every agent's rows and values, had all been acknowledged.
+    pub values_per_agent: RunValues,
     pub timeout: Duration,
     pub outcomes: Vec<AgentOutcome>,
 }
@@ -424,8 +482,8 @@ impl Summary {
     /// Metric values in the acknowledged rows.
     pub fn values(&self) -> u64 {
         let rows = self.total().delivery.acknowledged_rows;
-        let [gpu, node, ib] = self.values_per_row;
-        rows.gpu * gpu + rows.node * node + rows.ib * ib
+        self.values_per_agent
+            .in_rows([rows.gpu, rows.node, rows.ib])
     }
 
     /// `None` when every batch of every agent was acknowledged; otherwise
@@ -587,7 +645,7 @@ pub async fn run(plan: Plan) -> Result<Summary, RunError> {
         gpus: plan.gpus,
         ticks: plan.ticks,
         elapsed: started.elapsed(),
-        values_per_row: plan.values_per_row,
+        values_per_agent: plan.run_values,
         timeout: plan.timeout,
         outcomes,
     })
@@ -640,7 +698,8 @@ async fn agent(
         plan.interval_us,
     )
     .with_values(plan.values)
-    .with_every_field(plan.every_field);
+    .with_every_field(plan.every_field)
+    .with_slow_read_interval(plan.slow_read_us);
     let mut left = plan.ticks;
     while left > 0 {
         let window = left.min(plan.window);
@@ -719,8 +778,53 @@ mod tests {
         assert_eq!(plan.concurrency, 100);
         assert_eq!(plan.node_name(0), "loadgen-001");
         assert_eq!(plan.node_name(99), "loadgen-100");
-        // 8 GPUs: 11 metrics plus the XID and job counts; node: 12 of 16; IB: 5 of 29.
-        assert_eq!(plan.values_per_row, [13, 12, 5]);
+        // 8 GPUs: 10 metrics plus the XID and job counts at every tick, and
+        // the energy counter at the 30 slow-read ticks of 300 s (NOW_US is a
+        // multiple of 10 s); node: 12 of 16; IB: 5 of 29.
+        assert_eq!(
+            plan.run_values,
+            RunValues {
+                rows: [2400, 300, 1200],
+                values: [2400 * 12 + 30 * 8, 300 * 12, 1200 * 5]
+            }
+        );
+        // The agent's --once: at every tick.
+        let every_tick = cli(&[
+            "--agents",
+            "1",
+            "--ticks",
+            "300",
+            "--slow-read-interval",
+            "0s",
+        ]);
+        let plan = Plan::new(&every_tick, NOW_US + 3_456_789).unwrap();
+        assert_eq!(plan.run_values.values, [2400 * 13, 300 * 12, 1200 * 5]);
+        // A run that starts between two multiples of 10 s: at its first
+        // tick, then at each multiple.
+        let unaligned = cli(&[
+            "--agents",
+            "1",
+            "--ticks",
+            "25",
+            "--start-ts",
+            "2024-06-12T16:00:07Z",
+        ]);
+        let plan = Plan::new(&unaligned, NOW_US).unwrap();
+        assert_eq!(plan.run_values.values[0], 25 * 8 * 12 + 4 * 8); // :07, :10, :20, :30
+        // Every field, 34 GPU values at every tick: the first tick adds the
+        // energy and PCIe replay counters, later slow-read ticks also average
+        // power, the PCIe rates and graphics activity, which span two.
+        let every_field = cli(&[
+            "--agents",
+            "1",
+            "--ticks",
+            "20",
+            "--every-field",
+            "--start-ts",
+            "2024-06-12T16:00:00Z",
+        ]);
+        let plan = Plan::new(&every_field, NOW_US).unwrap();
+        assert_eq!(plan.run_values.values[0], 8 * (18 * 34 + 36 + 40));
     }
 
     #[test]
@@ -854,7 +958,10 @@ mod tests {
             gpus: 2,
             ticks: 3,
             elapsed: Duration::from_secs(2),
-            values_per_row: [13, 11, 9],
+            values_per_agent: RunValues {
+                rows: [6, 3, 12],
+                values: [6 * 13, 3 * 11, 12 * 9],
+            },
             timeout: Duration::from_secs(60),
             outcomes: vec![done.clone(), done.clone()],
         };

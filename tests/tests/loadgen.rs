@@ -38,20 +38,34 @@ fn every_batch_is_acknowledged_and_stored_once() {
     let (collector, addr) = start_collector(&store, &["--flush-interval", "500ms"]);
 
     // One stream per agent for the whole run.
-    let summary = loadgen(&addr, &["--agents", "4", "--gpus", "8", "--ticks", "50"]);
+    let summary = loadgen(
+        &addr,
+        &[
+            "--agents",
+            "4",
+            "--gpus",
+            "8",
+            "--ticks",
+            "50",
+            "--start-ts",
+            "2026-01-01T00:00:05Z",
+        ],
+    );
     assert!(
         summary.starts_with(
             "agents=4 gpus=8 ticks=50 batches=200 acknowledged=200 rejected=0 dropped=0 \
-             rows: gpu=1600 node=200 ib=800 values=27200 elapsed_s="
+             rows: gpu=1600 node=200 ib=800 values=25792 elapsed_s="
         ),
         "{summary}"
     );
-    // 200 batches of 8 × 13 + 12 + 4 × 5 metric values.
+    // 200 batches of 8 × 12 + 12 + 4 × 5 metric values, and the energy
+    // counters of 8 GPUs at the 6 slow-read ticks of each agent (:05, the
+    // first, then every 10 s).
     let elapsed: f64 = summary_field(&summary, "elapsed_s").parse().unwrap();
     let per_s: f64 = summary_field(&summary, "values_per_s").parse().unwrap();
     assert!(elapsed > 0.0 && per_s > 0.0, "{summary}");
     assert!(
-        (per_s * elapsed - 27200.0).abs() < 0.01 * 27200.0 + per_s * 0.001,
+        (per_s * elapsed - 25792.0).abs() < 0.01 * 25792.0 + per_s * 0.001,
         "{summary}"
     );
 
@@ -72,14 +86,17 @@ fn every_batch_is_acknowledged_and_stored_once() {
             "2",
             "--interval-ms",
             "250",
+            "--start-ts",
+            "2026-01-01T00:01:00Z",
             "--node-prefix",
             "windowed-",
         ],
     );
+    // 5 s of ticks: one slow read, at the first.
     assert!(
         windowed.starts_with(
             "agents=3 gpus=2 ticks=20 batches=60 acknowledged=60 rejected=0 dropped=0 \
-             rows: gpu=120 node=60 ib=240 values=3480 elapsed_s="
+             rows: gpu=120 node=60 ib=240 values=3366 elapsed_s="
         ),
         "{windowed}"
     );
@@ -141,6 +158,20 @@ fn every_batch_is_acknowledged_and_stored_once() {
     assert_eq!(
         rows_and_keys(dir, &store, "ib", "node, device, port, ts", "loadgen-"),
         (4 * 4 * 50, 4 * 4 * 50)
+    );
+    // The energy counter is stored at the slow-read ticks the count above
+    // took it at.
+    assert_eq!(
+        duckdb_value(
+            dir,
+            &format!(
+                "select string_agg(distinct strftime(ts, '%S'), ',' order by strftime(ts, '%S')) \
+                 || ' ' || count(energy_mj) from {} where starts_with(node, 'loadgen-') \
+                 and energy_mj is not null",
+                table_scan(&store, "gpu")
+            )
+        ),
+        json!(format!("05,10,20,30,40,50 {}", 4 * 8 * 6))
     );
     assert_eq!(
         rows_and_keys(dir, &store, "gpu", "node, gpu, ts", "windowed-"),
