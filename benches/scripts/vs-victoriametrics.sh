@@ -80,16 +80,19 @@ for t in gpu node ib; do
   echo "$t: ${#c[@]} metric columns: ${c[*]}"
   count=$(printf 'count(%s)+' "${c[@]}")
   table_values[$t]=$("$DUCKDB" -noheader -list -c "SELECT ${count%+} FROM '${files[0]}'")
-  # node, [gpu | device, port], time in ms, then the metrics; one CSV per table.
-  select=$(IFS=,; echo "${k[*]},epoch_ms(ts),${c[*]}")
-  "$DUCKDB" -c "COPY (SELECT $select FROM '${files[0]}') TO '$dir/$t.csv' (HEADER false)"
-  format="" i=1
-  for name in "${k[@]}"; do format+="$i:label:$name,"; i=$((i + 1)); done
-  format+="$i:time:unix_ms"
-  for name in "${c[@]}"; do i=$((i + 1)); format+=",$i:metric:${t}_$name"; done
-  curl -sf --data-binary "@$dir/$t.csv" \
-    "http://127.0.0.1:$vm_port/api/v1/import/csv?format=$format" \
-    || die "VictoriaMetrics refused the $t import: $(tail -3 "$dir/vm.log")"
+  # node, [gpu | device, port], time in ms, then the value: one CSV per
+  # metric, of the rows that hold it (VictoriaMetrics skips a CSV line with
+  # an empty field, and the energy counter is read every tenth tick).
+  label_format="" i=1
+  for name in "${k[@]}"; do label_format+="$i:label:$name,"; i=$((i + 1)); done
+  for name in "${c[@]}"; do
+    select=$(IFS=,; echo "${k[*]},epoch_ms(ts),$name")
+    "$DUCKDB" -c "COPY (SELECT $select FROM '${files[0]}' WHERE $name IS NOT NULL)
+      TO '$dir/$t.csv' (HEADER false)"
+    format="${label_format}$i:time:unix_ms,$((i + 1)):metric:${t}_$name"
+    curl -sf --data-binary "@$dir/$t.csv" "http://127.0.0.1:$vm_port/api/v1/import/csv?format=$format" \
+      || die "VictoriaMetrics refused the import of $t.$name: $(tail -3 "$dir/vm.log")"
+  done
 done
 curl -sf "http://127.0.0.1:$vm_port/internal/force_flush" >/dev/null
 curl -sf "http://127.0.0.1:$vm_port/internal/force_merge?partition_prefix=2024_06" >/dev/null
@@ -112,7 +115,8 @@ VM_PID=
 total_values=$((table_values[gpu] + table_values[node] + table_values[ib]))
 total_bytes=$((gputel_bytes[gpu] + gputel_bytes[node] + gputel_bytes[ib]))
 echo "values ($values): gpu ${table_values[gpu]}, node ${table_values[node]}, ib ${table_values[ib]}; all $total_values; stored by VictoriaMetrics: $stored"
-[[ $stored -eq $total_values ]] || echo "warning: VictoriaMetrics stored $stored values of $total_values"
+[[ $stored -eq $total_values ]] \
+  || die "VictoriaMetrics stored $stored values of $total_values: the sizes would not compare"
 for t in gpu node ib; do
   awk -v t="$t" -v b="${gputel_bytes[$t]}" -v v="${table_values[$t]}" \
     'BEGIN { printf "gputel %-4s  %10d bytes  %.3f bytes/value\n", t, b, b / v }'
