@@ -19,10 +19,14 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// jemalloc's settings (the environment's `_RJEM_MALLOC_CONF` overrides
 /// them): a background thread hands freed pages back to the kernel about a
 /// second after they were freed (jemalloc's default waits ten), so a
-/// flush's memory is returned before the next one.
+/// flush's memory is returned before the next one; one arena and no
+/// per-thread caches, so what one thread frees (a flush's buffers, on a
+/// blocking thread) is what the next allocation on any thread reuses
+/// (1000 agents: peak RSS 94 MB against 101–106 MB, 3–6 % more CPU).
 #[allow(non_upper_case_globals, reason = "jemalloc's symbol name")]
 #[unsafe(export_name = "_rjem_malloc_conf")]
-static malloc_conf: &[u8; 60] = b"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
+static malloc_conf: &[u8; 83] =
+    b"background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0,narenas:1,tcache:false\0";
 
 fn main() -> ExitCode {
     gputel_runtime::report::exit("gputel-collector", run().map_err(Into::into))
