@@ -886,9 +886,9 @@ impl GpuSim {
     }
 
     /// `s` as the agent sends it: the columns read only at slow-read ticks
-    /// (see [`SLOW_READ_US`]) null between them, and at the first one those
-    /// that span two slow reads (average power, PCIe rates, GPM graphics
-    /// activity); later, average power over the time since the last one.
+    /// (see [`SLOW_READ_US`]) null between them; at the first slow-read
+    /// tick also null those that span two (average power, PCIe rates, GPM
+    /// graphics activity); at later ones, average power since the last.
     fn as_sent(&mut self, s: GpuSample, slow: bool) -> GpuSample {
         if !slow {
             return GpuSample {
