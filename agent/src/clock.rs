@@ -13,3 +13,32 @@ pub fn now_us() -> i64 {
 pub fn next_tick(now_us: i64, interval_us: i64) -> i64 {
     (now_us.div_euclid(interval_us) + 1) * interval_us
 }
+
+/// Readings taken once per interval at the sampling ticks: at the first
+/// tick, then at the first tick at or after each multiple of the interval
+/// (wall-clock aligned, so every agent of a fleet takes them at the same
+/// ticks).
+#[derive(Debug, Clone)]
+pub struct Cadence {
+    interval_us: i64,
+    next_us: i64,
+}
+
+impl Cadence {
+    /// Every `interval_us` (0 or less: at every tick).
+    pub fn new(interval_us: i64) -> Self {
+        Self {
+            interval_us: interval_us.max(1),
+            next_us: i64::MIN,
+        }
+    }
+
+    /// Whether the tick at `ts_us` takes them; ticks come in increasing time.
+    pub fn due(&mut self, ts_us: i64) -> bool {
+        let due = ts_us >= self.next_us;
+        if due {
+            self.next_us = next_tick(ts_us, self.interval_us);
+        }
+        due
+    }
+}

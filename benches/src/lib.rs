@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 use arrow_array::{Array, RecordBatch};
 use arrow_schema::DataType;
+use gputel_agent::clock::Cadence;
 use gputel_collector::buffer::WriteBuffer;
 use gputel_collector::validate::validate_batch;
 use gputel_proto::{Batch, GpuSample, IbPortSample, NodeSample};
@@ -206,35 +207,6 @@ pub enum Values {
     Noise,
 }
 
-/// When the agent reads its slow columns, as `gputel-agent` decides it: at
-/// the first tick, then at the first tick at or after each multiple of the
-/// interval (wall-clock aligned, so every agent of a fleet reads them at
-/// the same ticks).
-#[derive(Debug, Clone)]
-pub struct SlowReads {
-    interval_us: i64,
-    next_us: i64,
-}
-
-impl SlowReads {
-    /// Slow reads every `interval_us` (0: at every tick, as `--once` does).
-    pub fn new(interval_us: i64) -> Self {
-        Self {
-            interval_us: interval_us.max(1),
-            next_us: i64::MIN,
-        }
-    }
-
-    /// Whether the tick at `ts_us` (ticks in increasing time) reads them.
-    pub fn due(&mut self, ts_us: i64) -> bool {
-        let due = ts_us >= self.next_us;
-        if due {
-            self.next_us = gputel_agent::clock::next_tick(ts_us, self.interval_us);
-        }
-        due
-    }
-}
-
 /// Simulated nodes of a training cluster, stepped one 1 s tick at a time:
 /// [`GPUS_PER_NODE`] GPUs and [`IB_PORTS_PER_NODE`] ports each. See
 /// [`SimNode`] for how one node behaves.
@@ -326,7 +298,8 @@ pub struct SimNode {
     every_field: bool,
     /// [`every_node_field`]'s energy counters: packages, DRAM.
     rapl_energy_uj: [u64; 2],
-    slow_reads: SlowReads,
+    /// When the agent's slow-read ticks come.
+    slow_reads: Cadence,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -450,7 +423,7 @@ impl SimNode {
             values: Values::Realistic,
             every_field: false,
             rapl_energy_uj: [0; 2],
-            slow_reads: SlowReads::new(SLOW_READ_US),
+            slow_reads: Cadence::new(SLOW_READ_US),
             rng,
         };
         node.start_phase();
@@ -476,7 +449,7 @@ impl SimNode {
     /// The same node, reading its slow columns every `interval_us` instead
     /// of the agent's default [`SLOW_READ_US`] (0: at every tick).
     pub fn with_slow_read_interval(mut self, interval_us: i64) -> Self {
-        self.slow_reads = SlowReads::new(interval_us);
+        self.slow_reads = Cadence::new(interval_us);
         self
     }
 
@@ -889,18 +862,10 @@ impl GpuSim {
     /// (see [`SLOW_READ_US`]) null between them; at the first slow-read
     /// tick also null those that span two (average power, PCIe rates, GPM
     /// graphics activity); at later ones, average power since the last.
-    fn as_sent(&mut self, s: GpuSample, slow: bool) -> GpuSample {
+    fn as_sent(&mut self, mut s: GpuSample, slow: bool) -> GpuSample {
         if !slow {
-            return GpuSample {
-                energy_mj: None,
-                power_avg_mw: None,
-                pcie_replay_count: None,
-                pcie_tx_bytes_per_s: None,
-                pcie_rx_bytes_per_s: None,
-                mig_mode: None,
-                gr_engine_active_pct: None,
-                ..s
-            };
+            gputel_agent::sampler::gpu::clear_slow_readings(&mut s);
+            return s;
         }
         let now = (s.ts_us, s.energy_mj.unwrap_or(0));
         match self.last_slow_read.replace(now) {

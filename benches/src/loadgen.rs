@@ -26,6 +26,7 @@ use std::time::Duration;
 use chrono::{DateTime, SecondsFormat};
 use clap::Parser;
 use gputel_agent::client::{self, Delivery, Identity};
+use gputel_agent::clock::Cadence;
 use gputel_collector::validate::{MAX_FUTURE_US, MIN_TS_US, validate_batch, validate_hello};
 use gputel_proto::{AgentMessage, Batch, Hello, agent_message};
 use gputel_schemas::Table;
@@ -35,9 +36,7 @@ use tokio::time::Instant;
 use tonic::transport::Endpoint;
 use tracing::{info, warn};
 
-use crate::{
-    AgentBatch, IB_PORTS_PER_NODE, SimNode, SlowReads, Values, buffer_and_take, metric_values,
-};
+use crate::{AgentBatch, IB_PORTS_PER_NODE, SimNode, Values, buffer_and_take, metric_values};
 
 /// Rows all streaming agents together may hold unacknowledged, unless
 /// `--window` says otherwise. A generated row takes about 550 bytes in memory
@@ -339,7 +338,7 @@ impl Plan {
                 gputel_proto::DEFAULT_MAX_MESSAGE_BYTES
             )));
         }
-        let mut slow = SlowReads::new(plan.slow_read_us);
+        let mut slow = Cadence::new(plan.slow_read_us);
         let slow_ticks = (0..cli.ticks)
             .filter(|&k| slow.due(start_us.saturating_add((k as i64).saturating_mul(interval_us))))
             .count() as u64;

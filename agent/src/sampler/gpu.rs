@@ -51,7 +51,7 @@ use tracing::{debug, info, warn};
 
 use super::dcgm::{Activity, DcgmOptions, DcgmProfiler, Readings};
 use super::{SampleError, Sampler, Source, Tick};
-use crate::clock::now_us;
+use crate::clock::{Cadence, now_us};
 use gputel_proto::ProfilingSource;
 use gputel_proto::clock_event_reasons as reason;
 
@@ -306,10 +306,8 @@ pub struct GpuSampler {
     xids: Arc<Mutex<Vec<Xid>>>,
     xid_watcher: Option<XidWatcher>,
     procfs_root: PathBuf,
-    process_interval_us: i64,
-    next_process_ts: i64,
-    slow_read_interval_us: i64,
-    next_slow_read_ts: i64,
+    process_listing: Cadence,
+    slow_reads: Cadence,
     /// Reads the profiling fields of the GPUs GPM does not cover (or of
     /// all, with `--profiling-source dcgm`); None when DCGM is not used.
     dcgm: Option<DcgmProfiler>,
@@ -403,10 +401,8 @@ impl GpuSampler {
             xids,
             xid_watcher,
             procfs_root: options.procfs_root.clone(),
-            process_interval_us: options.process_interval_us.max(1),
-            next_process_ts: i64::MIN,
-            slow_read_interval_us: options.slow_read_interval_us.max(1),
-            next_slow_read_ts: i64::MIN,
+            process_listing: Cadence::new(options.process_interval_us),
+            slow_reads: Cadence::new(options.slow_read_interval_us),
             dcgm,
         })
     }
@@ -452,15 +448,9 @@ impl Sampler for GpuSampler {
             Some(dcgm) => dcgm.read(ts_us, &mut tick.errors),
             None => Readings::default(),
         };
-        let list_processes = ts_us >= self.next_process_ts;
+        let list_processes = self.process_listing.due(ts_us);
         tick.processes_listed = list_processes;
-        if list_processes {
-            self.next_process_ts = crate::clock::next_tick(ts_us, self.process_interval_us);
-        }
-        let slow = ts_us >= self.next_slow_read_ts;
-        if slow {
-            self.next_slow_read_ts = crate::clock::next_tick(ts_us, self.slow_read_interval_us);
-        }
+        let slow = self.slow_reads.due(ts_us);
         for gpu in &mut self.gpus {
             let mut read = Reader {
                 gpu: gpu.index,
@@ -581,6 +571,19 @@ pub fn hold_slow_readings(held: &GpuSample, row: &mut GpuSample) {
     hold(&mut row.pcie_rx_bytes_per_s, held.pcie_rx_bytes_per_s);
     hold(&mut row.mig_mode, held.mig_mode);
     hold(&mut row.gr_engine_active_pct, held.gr_engine_active_pct);
+}
+
+/// Clears the columns read only at slow-read ticks: `row` as a tick between
+/// two slow reads sends it (the simulated agents of `gputel-loadgen`). The
+/// same columns as [`has_slow_readings`] and [`hold_slow_readings`].
+pub fn clear_slow_readings(row: &mut GpuSample) {
+    row.energy_mj = None;
+    row.power_avg_mw = None;
+    row.pcie_replay_count = None;
+    row.pcie_tx_bytes_per_s = None;
+    row.pcie_rx_bytes_per_s = None;
+    row.mig_mode = None;
+    row.gr_engine_active_pct = None;
 }
 
 /// One `nvmlDeviceGetFieldValues` call's results, by field id.
@@ -1289,5 +1292,34 @@ fn wait_for_event(
         let mut event: nvmlEventData_t = std::mem::zeroed();
         nvml_try(wait(set.handle(), &mut event, timeout_ms))?;
         Ok(event)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_slow_columns_are_named_alike_where_they_are_cleared_held_and_found() {
+        let full = GpuSample {
+            gpu: 3,
+            power_mw: Some(612_000),
+            energy_mj: Some(9_000_000),
+            power_avg_mw: Some(598_000),
+            pcie_replay_count: Some(2),
+            pcie_tx_bytes_per_s: Some(1_000),
+            pcie_rx_bytes_per_s: Some(2_000),
+            mig_mode: Some(false),
+            gr_engine_active_pct: Some(97.5),
+            profiling_source: Some(ProfilingSource::Gpm.into()),
+            ..GpuSample::default()
+        };
+        let mut between = full.clone();
+        clear_slow_readings(&mut between);
+        assert!(has_slow_readings(&full));
+        assert!(!has_slow_readings(&between));
+        assert_eq!(between.power_mw, Some(612_000));
+        hold_slow_readings(&full, &mut between);
+        assert_eq!(between, full);
     }
 }
