@@ -118,7 +118,7 @@ fn checked_node_sampler(root: &Path, cpus: u32) -> NodeSampler {
     );
     let sample = &tick.batch.node[0];
     assert_eq!(sample.cpu_count, cpus, "{}", root.display());
-    assert!(sample.memory_available_bytes.is_some() && sample.load1.is_some());
+    assert!(sample.memory_available_kib.is_some() && sample.load1.is_some());
     sampler
 }
 

@@ -12,7 +12,7 @@
 //! A metric value is one non-null value of a numeric column of a stored row
 //! that is not a key column (time, node, GPU index, UUID, model, IB device,
 //! port): 12 per `gpu` row and the energy counter in every tenth (read at
-//! the agent's slow-read ticks), 12 per `node` row, 5 per `ib` row. The
+//! the agent's slow-read ticks), 11 per `node` row, 5 per `ib` row. The
 //! bytes are whole files (keys, bloom filters, page indexes and footers included);
 //! "metric cols" counts only the compressed column chunks of metric columns.
 //! Then the bytes per column type (timestamp, integer, float, boolean,
@@ -34,7 +34,9 @@ use gputel_benches::{
 use gputel_collector::persist::{compacted_properties, encode_with, sort_rows, writer_properties};
 use gputel_schemas::Table;
 use parquet::basic::{Compression, Encoding, ZstdLevel};
-use parquet::file::properties::{WriterProperties, WriterPropertiesBuilder};
+use parquet::file::properties::{
+    DEFAULT_DATA_PAGE_ROW_COUNT_LIMIT, DEFAULT_PAGE_SIZE, WriterProperties, WriterPropertiesBuilder,
+};
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::schema::types::ColumnPath;
 
@@ -132,8 +134,15 @@ const VARIANTS: &[Variant] = &[
         change: |b, _| zstd(b, 19),
     },
     Variant {
-        name: "data pages v1 (null flags compressed with the values)",
-        change: |b, _| b.set_writer_version(parquet::file::properties::WriterVersion::PARQUET_1_0),
+        name: "data pages v2 (null flags stored uncompressed)",
+        change: |b, _| b.set_writer_version(parquet::file::properties::WriterVersion::PARQUET_2_0),
+    },
+    Variant {
+        name: "pages of 20 000 rows (the writer's default)",
+        change: |b, _| {
+            b.set_data_page_row_count_limit(DEFAULT_DATA_PAGE_ROW_COUNT_LIMIT)
+                .set_data_page_size_limit(DEFAULT_PAGE_SIZE)
+        },
     },
     Variant {
         name: "floats PLAIN instead of BYTE_STREAM_SPLIT",

@@ -621,8 +621,6 @@ impl SimNode {
             Phase::Idle => 50.0 + 200.0 * rng.normal(),
         };
         self.mem_available_kib = (self.mem_available_kib + drift_kib * dt).clamp(1.2e9, 2.0e9);
-        let available = self.mem_available_kib as u64 * 1024;
-        let total_bytes = MEM_TOTAL_KIB * 1024;
 
         // The kernel recomputes load averages every 5 s and prints two decimals.
         for _ in before_s / 5..self.t / 5 {
@@ -641,9 +639,8 @@ impl SimNode {
         let mut row = NodeSample {
             ts_us,
             cpu_count: CPUS,
-            memory_total_bytes: Some(total_bytes),
-            memory_used_bytes: Some(total_bytes - available),
-            memory_available_bytes: Some(available),
+            memory_total_kib: Some(MEM_TOTAL_KIB),
+            memory_available_kib: Some(self.mem_available_kib as u64),
             load1: Some(two_decimals(self.load[0])),
             load5: Some(two_decimals(self.load[1])),
             load15: Some(two_decimals(self.load[2])),
@@ -991,12 +988,10 @@ fn node_noise(sample: NodeSample, cpu: &mut [u64; 5], dt: f64, rng: &mut Rng) ->
     };
     let (user, system, iowait, steal) = (jiffies(), jiffies(), jiffies(), jiffies());
     let idle = total - user - system - iowait - steal;
-    let total_bytes = MEM_TOTAL_KIB * 1024;
-    let available = rng.range(0.0, MEM_TOTAL_KIB as f64) as u64 * 1024;
+    let available_kib = rng.range(0.0, MEM_TOTAL_KIB as f64) as u64;
     let mut load = || Some((rng.range(0.0, f64::from(CPUS)) * 100.0).round() as f32 / 100.0);
     let mut row = NodeSample {
-        memory_used_bytes: Some(total_bytes - available),
-        memory_available_bytes: Some(available),
+        memory_available_kib: Some(available_kib),
         load1: load(),
         load5: load(),
         load15: load(),
@@ -1086,7 +1081,7 @@ mod tests {
     #[test]
     fn a_row_of_each_table_holds_the_documented_metric_values() {
         assert_eq!(metric_columns(Table::Gpu).len(), 43);
-        assert_eq!(metric_columns(Table::Node).len(), 16);
+        assert_eq!(metric_columns(Table::Node).len(), 15);
         assert_eq!(metric_columns(Table::Ib).len(), 29);
     }
 
@@ -1168,7 +1163,7 @@ mod tests {
         let plain_tick = values(full.next_batch()); // 901 s
         assert_eq!(
             plain_tick,
-            [(Table::Gpu, 8 * 34), (Table::Node, 16), (Table::Ib, 4 * 29)]
+            [(Table::Gpu, 8 * 34), (Table::Node, 15), (Table::Ib, 4 * 29)]
         );
         for _ in 902..910 {
             full.next_batch();
@@ -1176,7 +1171,7 @@ mod tests {
         let slow_tick = values(full.next_batch()); // 910 s
         assert_eq!(
             slow_tick,
-            [(Table::Gpu, 8 * 40), (Table::Node, 16), (Table::Ib, 4 * 29)]
+            [(Table::Gpu, 8 * 40), (Table::Node, 15), (Table::Ib, 4 * 29)]
         );
     }
 
@@ -1238,10 +1233,7 @@ mod tests {
             }
         }
         for n in noise.iter().flat_map(|b| &b.batch.node) {
-            assert_eq!(
-                n.memory_used_bytes.unwrap() + n.memory_available_bytes.unwrap(),
-                n.memory_total_bytes.unwrap()
-            );
+            assert!(n.memory_available_kib.unwrap() <= n.memory_total_kib.unwrap());
         }
     }
 
@@ -1335,12 +1327,12 @@ mod tests {
                 .sum()
         };
         // The simulation fills 10 GPU metrics plus the XID and job counts (and
-        // the energy counter at the 60 slow-read ticks of each node), 12 of
-        // the 16 node metrics (not RAPL's) and 5 of the 29 IB metrics (the link
+        // the energy counter at the 60 slow-read ticks of each node), 11 of
+        // the 15 node metrics (not RAPL's) and 5 of the 29 IB metrics (the link
         // rate and the data and packet counters, not the error or driver counters).
         assert_eq!(
             values_of(&[Table::Gpu, Table::Node, Table::Ib]),
-            2400 * (8 * 12 + 12 + 4 * 5) + 4 * 60 * 8
+            2400 * (8 * 12 + 11 + 4 * 5) + 4 * 60 * 8
         );
         // Between two slow reads the counter grew by the power of each tick.
         let energy: Vec<(u64, u64)> = batches

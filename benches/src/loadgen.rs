@@ -779,12 +779,12 @@ mod tests {
         assert_eq!(plan.node_name(99), "loadgen-100");
         // 8 GPUs: 10 metrics plus the XID and job counts at every tick, and
         // the energy counter at the 30 slow-read ticks of 300 s (NOW_US is a
-        // multiple of 10 s); node: 12 of 16; IB: 5 of 29.
+        // multiple of 10 s); node: 11 of 15; IB: 5 of 29.
         assert_eq!(
             plan.run_values,
             RunValues {
                 rows: [2400, 300, 1200],
-                values: [2400 * 12 + 30 * 8, 300 * 12, 1200 * 5]
+                values: [2400 * 12 + 30 * 8, 300 * 11, 1200 * 5]
             }
         );
         // The agent's --once: at every tick.
@@ -797,7 +797,7 @@ mod tests {
             "0s",
         ]);
         let plan = Plan::new(&every_tick, NOW_US + 3_456_789).unwrap();
-        assert_eq!(plan.run_values.values, [2400 * 13, 300 * 12, 1200 * 5]);
+        assert_eq!(plan.run_values.values, [2400 * 13, 300 * 11, 1200 * 5]);
         // A run that starts between two multiples of 10 s: at its first
         // tick, then at each multiple.
         let unaligned = cli(&[

@@ -83,9 +83,8 @@ fn node(id: u32, ts_us: i64) -> NodeSample {
         cpu_iowait_jiffies: jiffies(0),
         cpu_idle_jiffies: jiffies(u64::from(id) << 33),
         cpu_steal_jiffies: jiffies(u64::from(id)),
-        memory_total_bytes: Some(2_u64 << 40),
-        memory_used_bytes: Some(u64::from(id) << 30),
-        memory_available_bytes: Some((2_u64 << 40) - (u64::from(id) << 30)),
+        memory_total_kib: Some(2_u64 << 30),
+        memory_available_kib: Some((2_u64 << 30) - (u64::from(id) << 20)),
         load1: pct(id as f32 / 4.0),
         load5: pct(id as f32 / 8.0),
         load15: None,
@@ -438,18 +437,14 @@ async fn node_rows_round_trip_sorted_by_node_ts_with_nulls_kept() {
     assert_eq!(i64s(&h5, "cpu_idle_jiffies"), vec![None, Some(21 << 33)]);
     assert_eq!(i64s(&h5, "cpu_steal_jiffies"), vec![None, Some(21)]);
     assert_eq!(
-        i64s(&h5, "memory_total_bytes"),
-        vec![Some(2_199_023_255_552), Some(2_199_023_255_552)]
+        i64s(&h5, "memory_total_kib"),
+        vec![Some(2_147_483_648), Some(2_147_483_648)]
     );
     assert_eq!(
-        i64s(&h5, "memory_used_bytes"),
-        vec![Some(22 << 30), Some(21 << 30)]
-    );
-    assert_eq!(
-        i64s(&h5, "memory_available_bytes"),
+        i64s(&h5, "memory_available_kib"),
         vec![
-            Some(2_199_023_255_552 - (22 << 30)),
-            Some(2_199_023_255_552 - (21 << 30))
+            Some(2_147_483_648 - (22 << 20)),
+            Some(2_147_483_648 - (21 << 20))
         ]
     );
     assert_eq!(f32s(&h5, "load1"), vec![None, Some(5.25)]);

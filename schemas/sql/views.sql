@@ -82,6 +82,9 @@ CREATE OR REPLACE MACRO gputel_per_s(v, prev_v, ts, prev_ts, saturated) AS
 -- to 100); user is user + nice, system is system + irq + softirq. Files
 -- written before the counters (gputel before 2026-11-25) hold the first
 -- four shares themselves, and those are read as they are.
+-- memory_{total,available,used}_bytes: the stored KiB (as /proc/meminfo
+-- counts) in bytes, used = total - available; files written before memory
+-- in KiB hold the three in bytes, and those are read as they are.
 CREATE OR REPLACE VIEW node AS
 WITH stored AS (
     FROM gputel_scan('node')
@@ -91,7 +94,10 @@ WITH stored AS (
            NULL::BIGINT AS cpu_iowait_jiffies, NULL::BIGINT AS cpu_idle_jiffies,
            NULL::BIGINT AS cpu_steal_jiffies,
            NULL::FLOAT AS cpu_user_pct, NULL::FLOAT AS cpu_system_pct,
-           NULL::FLOAT AS cpu_iowait_pct, NULL::FLOAT AS cpu_idle_pct
+           NULL::FLOAT AS cpu_iowait_pct, NULL::FLOAT AS cpu_idle_pct,
+           NULL::BIGINT AS memory_total_kib, NULL::BIGINT AS memory_available_kib,
+           NULL::BIGINT AS memory_total_bytes, NULL::BIGINT AS memory_used_bytes,
+           NULL::BIGINT AS memory_available_bytes
     WHERE false
 ),
 deltas AS (
@@ -111,7 +117,12 @@ totals AS (
     FROM deltas
 )
 SELECT * EXCLUDE (d_user, d_system, d_iowait, d_idle, d_steal, d_total,
-                  cpu_user_pct, cpu_system_pct, cpu_iowait_pct, cpu_idle_pct),
+                  cpu_user_pct, cpu_system_pct, cpu_iowait_pct, cpu_idle_pct,
+                  memory_total_bytes, memory_used_bytes, memory_available_bytes),
+    coalesce(memory_total_kib * 1024, memory_total_bytes) AS memory_total_bytes,
+    coalesce((memory_total_kib - memory_available_kib) * 1024, memory_used_bytes)
+        AS memory_used_bytes,
+    coalesce(memory_available_kib * 1024, memory_available_bytes) AS memory_available_bytes,
     coalesce(CASE WHEN d_total > 0 THEN 100.0 * d_user / d_total END, cpu_user_pct)
         AS cpu_user_pct,
     coalesce(CASE WHEN d_total > 0 THEN 100.0 * d_system / d_total END, cpu_system_pct)

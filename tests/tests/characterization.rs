@@ -1126,7 +1126,8 @@ COPY (
            (at_s * 100 * (busy - 10))::BIGINT AS cpu_user_jiffies,
            (at_s * 100 * 10)::BIGINT AS cpu_system_jiffies, 0::BIGINT AS cpu_iowait_jiffies,
            (at_s * 100 * (100 - busy))::BIGINT AS cpu_idle_jiffies, 0::BIGINT AS cpu_steal_jiffies,
-           256 * 2^30::BIGINT AS memory_total_bytes, mem_gib * 2^30::BIGINT AS memory_used_bytes,
+           256 * 2^20::BIGINT AS memory_total_kib,
+           (256 - mem_gib) * 2^20::BIGINT AS memory_available_kib,
            DATE '2026-11-02' AS date, 8 AS hour
     FROM (SELECT 'n1' AS node, s AS at_s, 60 AS busy, 64 AS mem_gib FROM range(60) r(s)
           UNION ALL

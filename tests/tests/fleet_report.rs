@@ -63,8 +63,8 @@ COPY (
            CASE WHEN NOT unread THEN sum((100 - u - sy) * step) OVER w END::BIGINT
                AS cpu_idle_jiffies,
            CASE WHEN NOT unread THEN 0 END::BIGINT AS cpu_steal_jiffies,
-           (512 * 2^30)::BIGINT AS memory_total_bytes,
-           ((hash(s, 5, node) % 400) * 2^30)::BIGINT AS memory_used_bytes,
+           (512 * 2^20)::BIGINT AS memory_total_kib,
+           ((512 - hash(s, 5, node) % 400) * 2^20)::BIGINT AS memory_available_kib,
            ts::DATE AS date, lpad(hour(ts)::VARCHAR, 2, '0') AS hour
     FROM (SELECT *, (hash(node, s) % 60)::INTEGER AS u, (hash(s, node) % 20)::INTEGER AS sy,
                  node = 'n2' AND s = 11 AS unread
@@ -96,7 +96,8 @@ COPY (
            (hash(2, s) % 20e9)::DOUBLE AS rcv_bytes_per_s
     FROM range(120) r(s)
 ) TO 'store/ib/date=2026-11-02/hour=08/rates.parquet' (FORMAT parquet, COMPRESSION zstd);
--- And n2's first three minutes of node rows, with CPU shares stored.
+-- And n2's first three minutes of node rows, with CPU shares stored and
+-- memory in bytes, as files written before the counters and KiB hold them.
 COPY (
     SELECT TIMESTAMPTZ '2026-11-02 08:55:00+00' + to_seconds(s * 15) AS ts, 'n2' AS node,
            (hash('n2', s) % 60)::FLOAT AS cpu_user_pct, (hash(s, 'n2') % 20)::FLOAT AS cpu_system_pct,

@@ -117,10 +117,7 @@ fn the_default_fake_presents_eight_h100s_with_every_field() {
     // Host and InfiniBand from the fixture trees.
     assert_eq!(snap["node"], json!("gpu-node-017"));
     assert_eq!(snap["host"]["cpu_count"], json!(8));
-    assert_eq!(
-        snap["host"]["memory_total_bytes"],
-        json!(2_164_110_770_176_u64)
-    );
+    assert_eq!(snap["host"]["memory_total_kib"], json!(2_113_389_424_u64));
     assert_eq!(snap["host"]["load1"], json!(23.41));
     let ports = snap["ib_ports"].as_array().expect("ib_ports array");
     assert_eq!(ports.len(), 4);
@@ -180,10 +177,7 @@ fn without_a_driver_the_host_is_still_sampled() {
         "{reason}"
     );
     assert_eq!(snap["gpus"], json!([]));
-    assert_eq!(
-        snap["host"]["memory_total_bytes"],
-        json!(2_164_110_770_176_u64)
-    );
+    assert_eq!(snap["host"]["memory_total_kib"], json!(2_113_389_424_u64));
     assert_eq!(snap["ib_ports"].as_array().map(Vec::len), Some(4));
 }
 
@@ -220,8 +214,8 @@ fn a_source_left_out_of_sources_is_not_read() {
     assert_eq!(host_only["gpus"], json!([]));
     assert_eq!(host_only["ib_ports"], json!([]));
     assert_eq!(
-        host_only["host"]["memory_total_bytes"],
-        json!(2_164_110_770_176_u64)
+        host_only["host"]["memory_total_kib"],
+        json!(2_113_389_424_u64)
     );
     assert_eq!(host_only["errors"], json!([]));
 

@@ -184,11 +184,11 @@ fn every_row_the_agent_sends_is_queryable_in_duckdb() {
         duckdb_value(
             tmp.path(),
             &format!(
-                "select distinct memory_total_bytes from {}",
+                "select distinct memory_total_kib from {}",
                 table_scan(&store, "node")
             )
         ),
-        json!(2_113_389_424_u64 * 1024)
+        json!(2_113_389_424_u64)
     );
     // The slow reads (energy, PCIe counters, graphics engine activity) are
     // in the rows of the first tick and of each tick on a multiple of

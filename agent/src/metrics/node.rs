@@ -16,19 +16,22 @@ pub(super) const NODE_METRICS: &[RowMetric<NodeSample>] = &[
         name: "gputel_node_memory_total_bytes",
         kind: Kind::Gauge,
         help: "MemTotal of /proc/meminfo, in bytes.",
-        value: |n| n.memory_total_bytes.map(|v| v as f64),
+        value: |n| n.memory_total_kib.map(kib_to_bytes),
     },
     RowMetric {
         name: "gputel_node_memory_available_bytes",
         kind: Kind::Gauge,
-        help: "MemAvailable of /proc/meminfo, in bytes.",
-        value: |n| n.memory_available_bytes.map(|v| v as f64),
+        help: "MemAvailable of /proc/meminfo, in bytes (without MemAvailable: MemFree + Buffers + Cached + SReclaimable).",
+        value: |n| n.memory_available_kib.map(kib_to_bytes),
     },
     RowMetric {
         name: "gputel_node_memory_used_bytes",
         kind: Kind::Gauge,
         help: "MemTotal - MemAvailable, in bytes (without MemAvailable: MemTotal - MemFree - Buffers - Cached - SReclaimable).",
-        value: |n| n.memory_used_bytes.map(|v| v as f64),
+        value: |n| {
+            let used = n.memory_total_kib?.checked_sub(n.memory_available_kib?)?;
+            Some(kib_to_bytes(used))
+        },
     },
     RowMetric {
         name: "gputel_node_rapl_package_joules_total",
@@ -87,3 +90,8 @@ pub(super) const NODE_CPU_MODES: &[(&str, CpuCounter)] = &[
     ("idle", |n| n.cpu_idle_jiffies),
     ("steal", |n| n.cpu_steal_jiffies),
 ];
+
+/// /proc/meminfo's KiB in bytes.
+fn kib_to_bytes(kib: u64) -> f64 {
+    kib as f64 * 1024.0
+}

@@ -6,14 +6,14 @@
 //! The sources are independent: one that cannot be read or parsed leaves
 //! its fields unset and is reported, and the others still fill theirs.
 //!
-//! Memory used is MemTotal − MemAvailable, the kernel's own estimate of what
-//! could be handed out without swapping. Kernels before 3.14 have no
-//! MemAvailable; there used is MemTotal − MemFree − Buffers − Cached −
-//! SReclaimable (the classic `free` "used": page cache and reclaimable slab
-//! are not in use by anyone), and available stays unset: the kernel did not
-//! say, and MemFree alone would understate it. procps-ng 4's `free` prints
-//! MemTotal − MemFree there, counting all cache as used, which would make an
-//! idle node with a warm page cache look full.
+//! Memory is sent as /proc/meminfo counts it, in KiB: MemTotal and
+//! MemAvailable, the kernel's own estimate of what could be handed out
+//! without swapping; used memory is their difference, derived where it is
+//! read (the `node` view, `/metrics`). Kernels before 3.14 have no
+//! MemAvailable; there available is MemFree + Buffers + Cached +
+//! SReclaimable (the classic `free` view: page cache and reclaimable slab
+//! are not in use by anyone). procps-ng 4's `free` counts all cache as used
+//! there, which would make an idle node with a warm page cache look full.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -71,9 +71,8 @@ impl NodeSampler {
 
         match self.read_meminfo() {
             Ok(mem) => {
-                sample.memory_total_bytes = Some(mem.mem_total);
-                sample.memory_available_bytes = mem.mem_available;
-                sample.memory_used_bytes = Some(memory_used(&mem));
+                sample.memory_total_kib = Some(mem.mem_total / 1024);
+                sample.memory_available_kib = Some(memory_available(&mem) / 1024);
             }
             Err(e) => errors.push(e),
         }
@@ -141,21 +140,23 @@ impl NodeSampler {
     }
 }
 
-/// Bytes in use, as the module docs say: MemTotal − MemAvailable, or without
-/// MemAvailable MemTotal − MemFree − Buffers − Cached − SReclaimable (a
-/// line the kernel does not write counts 0). Should that go below zero, as
-/// it cannot on a consistent file, MemTotal − MemFree, as procps does.
-fn memory_used(mem: &Meminfo) -> u64 {
-    match mem.mem_available {
-        Some(available) => mem.mem_total.saturating_sub(available),
-        None => mem
-            .mem_total
-            .checked_sub(mem.mem_free)
-            .and_then(|v| v.checked_sub(mem.buffers))
-            .and_then(|v| v.checked_sub(mem.cached))
-            .and_then(|v| v.checked_sub(mem.s_reclaimable.unwrap_or(0)))
-            .unwrap_or_else(|| mem.mem_total.saturating_sub(mem.mem_free)),
-    }
+/// Bytes available, as the module docs say: MemAvailable, or without it
+/// MemFree + Buffers + Cached + SReclaimable (a line the kernel does not
+/// write counts 0). Should that exceed MemTotal, as it cannot on a
+/// consistent file, MemFree, as procps does; never more than MemTotal.
+/// procfs has turned the kernel's KiB into bytes (× 1024).
+fn memory_available(mem: &Meminfo) -> u64 {
+    let available = mem.mem_available.unwrap_or_else(|| {
+        let reclaimable = [mem.buffers, mem.cached, mem.s_reclaimable.unwrap_or(0)]
+            .into_iter()
+            .fold(mem.mem_free, u64::saturating_add);
+        if reclaimable <= mem.mem_total {
+            reclaimable
+        } else {
+            mem.mem_free
+        }
+    });
+    available.min(mem.mem_total)
 }
 
 /// The aggregate `cpu` line of `/proc/stat` in the five groups the node row
@@ -261,9 +262,9 @@ mod tests {
     /// 2024-06-12T16:00:00Z, an arbitrary tick.
     const TS: i64 = 1_718_208_000_000_000;
 
-    /// Bytes from the fixture's `proc/meminfo` (values there are KiB).
-    const TOTAL_BYTES: u64 = 2_113_389_424 * 1024;
-    const AVAILABLE_BYTES: u64 = 1_876_542_180 * 1024;
+    /// KiB from the fixture's `proc/meminfo`.
+    const TOTAL_KIB: u64 = 2_113_389_424;
+    const AVAILABLE_KIB: u64 = 1_876_542_180;
 
     /// One tick of `sampler` through the [`Sampler`] contract: its one row,
     /// its errors added to `errors`.
@@ -325,9 +326,8 @@ mod tests {
                 cpu_iowait_jiffies: Some(1_057_559),
                 cpu_idle_jiffies: Some(146_625_695),
                 cpu_steal_jiffies: Some(0),
-                memory_total_bytes: Some(2_164_110_770_176),
-                memory_used_bytes: Some(242_531_577_856),
-                memory_available_bytes: Some(1_921_579_192_320),
+                memory_total_kib: Some(TOTAL_KIB),
+                memory_available_kib: Some(AVAILABLE_KIB),
                 load1: Some(23.41),
                 load5: Some(22.87),
                 load15: Some(21.96),
@@ -335,9 +335,6 @@ mod tests {
                 ..NodeSample::default()
             }
         );
-        assert_eq!(s.memory_total_bytes, Some(TOTAL_BYTES));
-        assert_eq!(s.memory_available_bytes, Some(AVAILABLE_BYTES));
-        assert_eq!(s.memory_used_bytes, Some(TOTAL_BYTES - AVAILABLE_BYTES));
     }
 
     #[test]
@@ -358,11 +355,7 @@ mod tests {
         assert_eq!(increase(|n| n.cpu_iowait_jiffies), 8);
         assert_eq!(increase(|n| n.cpu_idle_jiffies), 272);
         assert_eq!(increase(|n| n.cpu_steal_jiffies), 0);
-        assert_eq!(s.memory_available_bytes, Some(1_876_525_796 * 1024));
-        assert_eq!(
-            s.memory_used_bytes,
-            Some((2_113_389_424 - 1_876_525_796) * 1024)
-        );
+        assert_eq!(s.memory_available_kib, Some(1_876_525_796));
         assert_eq!(
             (s.load1, s.load5, s.load15),
             (Some(23.52), Some(22.90), Some(21.97))
@@ -415,8 +408,8 @@ mod tests {
         let s = sample(&mut NodeSampler::new(root.path()), TS, &mut errors);
         assert_eq!(only_parse_error(&errors), root.path().join(STAT));
         assert_eq!(s.cpu_count, 0);
-        assert_eq!(s.memory_total_bytes, Some(TOTAL_BYTES));
-        assert_eq!(s.memory_available_bytes, Some(AVAILABLE_BYTES));
+        assert_eq!(s.memory_total_kib, Some(TOTAL_KIB));
+        assert_eq!(s.memory_available_kib, Some(AVAILABLE_KIB));
         assert_eq!(s.load1, Some(23.41));
     }
 
@@ -430,7 +423,7 @@ mod tests {
         let s = sample(&mut NodeSampler::new(root.path()), TS, &mut errors);
         assert_eq!(only_parse_error(&errors), root.path().join(STAT));
         assert_eq!(s.cpu_count, 0);
-        assert_eq!(s.memory_total_bytes, Some(TOTAL_BYTES));
+        assert_eq!(s.memory_total_kib, Some(TOTAL_KIB));
     }
 
     #[test]
@@ -442,8 +435,8 @@ mod tests {
         let mut errors = Vec::new();
         let s = sample(&mut NodeSampler::new(root.path()), TS, &mut errors);
         assert_eq!(only_parse_error(&errors), root.path().join(MEMINFO));
-        assert_eq!(s.memory_total_bytes, None);
-        assert_eq!(s.memory_used_bytes, None);
+        assert_eq!(s.memory_total_kib, None);
+        assert_eq!(s.memory_available_kib, None);
         assert_eq!(s.cpu_count, 8);
         assert_eq!(s.load15, Some(21.96));
     }
@@ -460,11 +453,11 @@ mod tests {
         let mut errors = Vec::new();
         let s = sample(&mut NodeSampler::new(root.path()), TS, &mut errors);
         assert!(errors.is_empty(), "{errors:?}");
-        assert_eq!(s.memory_total_bytes, Some(TOTAL_BYTES));
-        assert_eq!(s.memory_available_bytes, None);
-        // MemTotal 2113389424 − MemFree 1602114732 − Buffers 1204588
-        // − Cached 279337416 − SReclaimable 21987300 kB.
-        assert_eq!(s.memory_used_bytes, Some(208_745_388 * 1024));
+        assert_eq!(s.memory_total_kib, Some(TOTAL_KIB));
+        // MemFree 1602114732 + Buffers 1204588 + Cached 279337416
+        // + SReclaimable 21987300 kB: MemTotal − 208745388 kB used.
+        assert_eq!(s.memory_available_kib, Some(1_904_644_036));
+        assert_eq!(TOTAL_KIB - 1_904_644_036, 208_745_388);
     }
 
     /// The node row of capture `name` (tests/fixtures/README.md, "captures/"),
@@ -480,16 +473,17 @@ mod tests {
 
     #[test]
     fn captures_without_memavailable_give_the_classic_used() {
-        // node_exporter v1.5.0's meminfo: 3742148 − 225472 − 22040 − 930888 − 44772 kB.
+        // node_exporter v1.5.0's meminfo: MemFree 225472 + Buffers 22040 +
+        // Cached 930888 + SReclaimable 44772 kB available, so used is
+        // 3742148 − 1223172 = 2518976 kB.
         let s = capture_sample("node_exporter-1.5.0", TS, None);
-        assert_eq!(s.memory_total_bytes, Some(3_742_148 * 1024));
-        assert_eq!(s.memory_used_bytes, Some(2_518_976 * 1024));
-        assert_eq!(s.memory_used_bytes, Some(2_579_431_424));
-        assert_eq!(s.memory_available_bytes, None);
-        // procfs': 15666184 − 440324 − 1020128 − 12007640 − 1738124 kB.
+        assert_eq!(s.memory_total_kib, Some(3_742_148));
+        assert_eq!(s.memory_available_kib, Some(1_223_172));
+        // procfs': 440324 + 1020128 + 12007640 + 1738124 kB of 15666184:
+        // 459968 kB used.
         let s = capture_sample("procfs-3c943fd", TS, None);
-        assert_eq!(s.memory_used_bytes, Some(459_968 * 1024));
-        assert_eq!(s.memory_available_bytes, None);
+        assert_eq!(s.memory_total_kib, Some(15_666_184));
+        assert_eq!(s.memory_available_kib, Some(15_206_216));
     }
 
     #[test]
@@ -509,8 +503,8 @@ mod tests {
     }
 
     #[test]
-    fn memory_used_never_goes_below_zero() {
-        // Cached as large as MemTotal, as no consistent file has it: MemTotal − MemFree.
+    fn memory_available_never_exceeds_the_total() {
+        // Cached as large as MemTotal, as no consistent file has it: MemFree.
         let text: String = fixture_text("proc", MEMINFO)
             .lines()
             .filter(|l| !l.starts_with("MemAvailable:"))
@@ -523,7 +517,7 @@ mod tests {
             })
             .collect();
         let mem = Meminfo::from_read(text.as_bytes()).expect("meminfo");
-        assert_eq!(memory_used(&mem), (2_113_389_424 - 1_602_114_732) * 1024);
+        assert_eq!(memory_available(&mem), 1_602_114_732 * 1024);
     }
 
     #[test]
@@ -550,7 +544,7 @@ mod tests {
                 root.path().join(MEMINFO),
                 "{garbage:?}"
             );
-            assert_eq!(s.memory_total_bytes, None);
+            assert_eq!(s.memory_total_kib, None);
         }
     }
 
@@ -569,7 +563,7 @@ mod tests {
         }
         assert_eq!((s.load1, s.load5, s.load15), (None, None, None));
         assert_eq!(s.cpu_count, 8);
-        assert_eq!(s.memory_total_bytes, Some(TOTAL_BYTES));
+        assert_eq!(s.memory_total_kib, Some(TOTAL_KIB));
     }
 
     #[test]

@@ -275,11 +275,14 @@ pub async fn fleet(
                 "cpu_iowait_jiffies",
                 "cpu_idle_jiffies",
                 "cpu_steal_jiffies",
-                "memory_used_bytes",
-                "memory_total_bytes",
-                // Files written before the counters hold the shares.
+                "memory_total_kib",
+                "memory_available_kib",
+                // Files written before the counters hold the shares, and
+                // those before memory in KiB hold used and total bytes.
                 "cpu_user_pct",
                 "cpu_system_pct",
+                "memory_used_bytes",
+                "memory_total_bytes",
             ],
             &mut names,
             &mut nodes,
@@ -298,12 +301,10 @@ pub async fn fleet(
                     })
                     .or_else(|| c(7).num(r.row).zip(c(8).num(r.row)).map(|(u, s)| u + s));
                 cpu.add(r.device, r.ts_us, busy, w);
-                host_mem.add(
-                    r.device,
-                    r.ts_us,
-                    share(c(5).num(r.row), c(6).num(r.row)),
-                    w,
-                );
+                let (total, available) = (c(5).num(r.row), c(6).num(r.row));
+                let used = total.zip(available).map(|(t, a)| t - a);
+                let mem = share(used, total).or_else(|| share(c(9).num(r.row), c(10).num(r.row)));
+                host_mem.add(r.device, r.ts_us, mem, w);
             },
         )
         .await?;
