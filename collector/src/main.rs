@@ -128,7 +128,7 @@ async fn compact(args: Compact) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("maintenance of {store_spec} stopped"))?;
     println!(
-        "compacted {} hours ({} files, {} rows, {} bytes -> {} files, {} rows, {} bytes; {} duplicate rows removed, {} of them with values differing from the row kept; {} hours changed meanwhile, left for the next run); deleted {} partitions past retention in {store_spec}",
+        "compacted {} hours ({} files, {} rows, {} bytes -> {} files, {} rows, {} bytes; {} duplicate rows removed, {} of them with values differing from the row kept; {} hours left as they are (changed meanwhile, or holding a file of another schema: see the log)); deleted {} partitions past retention in {store_spec}",
         compacted.hours,
         compacted.files_in,
         compacted.rows,

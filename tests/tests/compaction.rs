@@ -368,7 +368,7 @@ fn compaction_keeps_one_row_per_key() {
     );
     assert!(summary.contains(" -> 2 files, 105 rows, "), "{summary}");
     assert!(
-        summary.contains("; 35 duplicate rows removed, 5 of them with values differing from the row kept; 0 hours changed meanwhile"),
+        summary.contains("; 35 duplicate rows removed, 5 of them with values differing from the row kept; 0 hours left as they are"),
         "{summary}"
     );
 

@@ -145,7 +145,9 @@ impl Default for CompactOptions {
 pub struct CompactReport {
     /// Hours compacted.
     pub hours: usize,
-    /// Hours left for the next round because a file changed while merging.
+    /// Hours left as they are: a file changed while merging (the next round
+    /// tries again), or one holds another schema than the table's (left
+    /// until it is moved out; logged).
     pub hours_skipped: usize,
     pub files_in: usize,
     pub files_out: usize,
