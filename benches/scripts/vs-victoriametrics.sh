@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Stored size side by side with VictoriaMetrics: one hour of NODES simulated
 # nodes (8 GPUs, 4 InfiniBand ports each) at 1 Hz, written by the release
-# collector from `gputel-loadgen` and compacted (hour_store in common.sh,
+# collector from `gputel-loadgen` in 360 flushes, as 10 s flushes make an
+# hour, and compacted into one file per table (hour_store in common.sh,
 # kept in target/bench-query); the same values exported
 # from the compacted Parquet with DuckDB and imported into Debian's
 # VictoriaMetrics (installed when missing), flushed and merged. Prints bytes
@@ -11,7 +12,7 @@
 #
 # A metric value is a non-null value of a numeric, non-key column (those
 # the simulator fills: 12 per gpu row and the energy counter every 10 s,
-# 12 per node row, 5 per ib row; benches/README.md), read from the
+# 11 per node row, 5 per ib row; benches/README.md), read from the
 # compacted file's own schema, so both stores get the same columns:
 # counters, not rates, where the table holds counters. In VictoriaMetrics
 # each column is a metric, labelled by node and GPU, or by node, device
@@ -31,7 +32,9 @@ if ! command -v victoria-metrics >/dev/null; then
     || die "cannot install victoria-metrics"
 fi
 build_release
-hour_store "$nodes" 1 "$values"
+# 360 files: an hour of one file is not compacted, and would be measured
+# with the flush files' settings.
+hour_store "$nodes" 360 "$values"
 dir=$(mktemp -d)
 trap 'set +e; [[ -n ${VM_PID:-} ]] && kill "$VM_PID"; wait; rm -rf "$dir"; true' EXIT
 
@@ -72,8 +75,8 @@ wait_port "$vm_port"
 
 declare -A gputel_bytes table_values
 for t in gpu node ib; do
-  files=("$compacted/$t"/date=*/hour=*/*.parquet)
-  [[ ${#files[@]} -eq 1 ]] || die "$t: expected one compacted file, found ${#files[@]}"
+  files=("$compacted/$t"/date=*/hour=*/c-*.parquet)
+  [[ ${#files[@]} -eq 1 ]] || die "$t: expected one compacted file (c-*.parquet), found ${#files[@]}"
   gputel_bytes[$t]=$(stat -c %s "${files[0]}")
   read -ra k <<<"${keys[$t]}"
   read -ra c <<<"$(metric_columns "${files[0]}" "${k[@]}")"
