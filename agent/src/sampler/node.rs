@@ -518,6 +518,13 @@ mod tests {
             .collect();
         let mem = Meminfo::from_read(text.as_bytes()).expect("meminfo");
         assert_eq!(memory_available(&mem), 1_602_114_732 * 1024);
+        // MemAvailable above MemTotal: MemTotal, so used is 0, not negative.
+        let text = fixture_text("proc", MEMINFO).replace(
+            "MemAvailable:   1876542180 kB",
+            "MemAvailable:   2113389425 kB",
+        );
+        let mem = Meminfo::from_read(text.as_bytes()).expect("meminfo");
+        assert_eq!(memory_available(&mem), 2_113_389_424 * 1024);
     }
 
     #[test]
