@@ -6,6 +6,8 @@ use std::collections::HashSet;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::Duration;
 
+use gputel_runtime::time::duration_us;
+
 use gputel_proto::Batch;
 use tracing::{debug, info, warn};
 
@@ -60,10 +62,8 @@ impl Samplers {
             match GpuSampler::open(&GpuOptions {
                 lib: config.nvml_lib.clone(),
                 procfs_root: config.procfs_root.clone(),
-                process_interval_us: i64::try_from(config.process_interval.as_micros())
-                    .unwrap_or(i64::MAX),
-                slow_read_interval_us: i64::try_from(config.slow_read_interval.as_micros())
-                    .unwrap_or(i64::MAX),
+                process_interval_us: duration_us(config.process_interval),
+                slow_read_interval_us: duration_us(config.slow_read_interval),
                 profiling: config.profiling_source,
                 dcgm: DcgmOptions {
                     lib: config.dcgm_lib.clone(),

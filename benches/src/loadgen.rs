@@ -29,6 +29,7 @@ use gputel_agent::client::{self, Delivery, Identity};
 use gputel_agent::clock::Cadence;
 use gputel_collector::validate::{MAX_FUTURE_US, MIN_TS_US, validate_batch, validate_hello};
 use gputel_proto::{AgentMessage, Batch, Hello, agent_message};
+use gputel_runtime::time::duration_us;
 use gputel_schemas::Table;
 use prost::Message;
 use tokio::sync::{Semaphore, mpsc};
@@ -290,7 +291,7 @@ impl Plan {
             pace: cli.pace,
             values: cli.values,
             every_field: cli.every_field,
-            slow_read_us: i64::try_from(cli.slow_read_interval.as_micros()).unwrap_or(i64::MAX),
+            slow_read_us: duration_us(cli.slow_read_interval),
             run_id,
             run_values: RunValues::default(),
         };

@@ -18,6 +18,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::path::Path;
 use std::time::Duration;
 
+use gputel_runtime::time::duration_us;
+
 use gputel_proto::{Batch, EventKind, NodeEvent};
 use serde::{Deserialize, Serialize};
 
@@ -44,10 +46,6 @@ pub const STATE_FILE: &str = "nodes.json";
 /// Gaps between ticks kept per node; the interval is their median, so a
 /// skipped tick or a gap across a silence does not move it.
 const GAPS_KEPT: usize = 9;
-
-fn us(d: Duration) -> i64 {
-    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
-}
 
 /// How a node's last stream ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -231,7 +229,7 @@ fn silent_ms(from_us: i64, to_us: i64) -> u64 {
 
 /// See [`NodeWatch::threshold_us`].
 fn threshold_us(silence_after_us: i64, node: &NodeState) -> i64 {
-    let interval = node.interval_us().unwrap_or(us(UNKNOWN_INTERVAL));
+    let interval = node.interval_us().unwrap_or(duration_us(UNKNOWN_INTERVAL));
     interval.saturating_mul(INTERVALS).max(silence_after_us)
 }
 
@@ -252,7 +250,7 @@ impl NodeWatch {
     /// A watch that knows no node yet.
     pub fn new(silence_after: Duration) -> NodeWatch {
         NodeWatch {
-            silence_after_us: us(silence_after),
+            silence_after_us: duration_us(silence_after),
             nodes: BTreeMap::new(),
             dirty: false,
             added: false,
@@ -269,7 +267,7 @@ impl NodeWatch {
     ) -> NodeWatch {
         let mut watch = NodeWatch::new(silence_after);
         for (name, mut node) in saved {
-            let grace = us(START_GRACE).max(watch.threshold_us(&node));
+            let grace = duration_us(START_GRACE).max(watch.threshold_us(&node));
             node.grace_until_us = now_us.saturating_add(grace);
             watch.nodes.insert(name, node);
         }
@@ -391,7 +389,7 @@ impl NodeWatch {
         let mut forgotten = Vec::new();
         for (name, node) in &mut self.nodes {
             if let Some(since) = node.silent_since_us {
-                if now_us.saturating_sub(since) >= us(NODE_RETENTION) {
+                if now_us.saturating_sub(since) >= duration_us(NODE_RETENTION) {
                     forgotten.push(name.clone());
                 }
                 continue;
@@ -442,7 +440,7 @@ impl NodeWatch {
                     ),
                     None => format!(
                         "its interval is not known yet, taken as {}",
-                        seconds(us(UNKNOWN_INTERVAL))
+                        seconds(duration_us(UNKNOWN_INTERVAL))
                     ),
                 };
                 let last_tick = state
@@ -818,7 +816,7 @@ mod tests {
         let mut watch = NodeWatch::new(Duration::from_secs(30));
         steady(&mut watch, "n", 1.0, 5, 0.0);
         assert_eq!(watch.check(T0 + 40 * S).len(), 1);
-        let week = us(NODE_RETENTION);
+        let week = duration_us(NODE_RETENTION);
         assert!(watch.check(T0 + 40 * S + week - 1).is_empty());
         let changes = watch.check(T0 + 40 * S + week);
         assert_eq!(

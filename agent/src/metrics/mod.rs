@@ -33,6 +33,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use gputel_proto::{Batch, EventKind, GpuSample, IbPortSample, NodeSample};
+use gputel_runtime::time::duration_us;
 use tracing::warn;
 
 use crate::clock::now_us;
@@ -256,7 +257,7 @@ impl Metrics {
     /// scraper expects every series at every scrape; a reading older than
     /// `interval` plus `tick` (a slow read that failed) is not shown.
     pub fn with_slow_reads(mut self, interval: Duration, tick: Duration) -> Self {
-        self.hold_us = i64::try_from((interval + tick).as_micros()).unwrap_or(i64::MAX);
+        self.hold_us = duration_us(interval + tick);
         self
     }
 

@@ -27,6 +27,8 @@ use std::ffi::{CString, OsString, c_int, c_uint};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use gputel_runtime::time::duration_us;
+
 use libloading::Library;
 use tracing::{debug, info, warn};
 
@@ -607,7 +609,7 @@ impl Session {
         };
         api.call("dcgmFieldGroupCreate", ret)?;
         self.field_group = Some(field_group);
-        let update_us = i64::try_from(options.interval.as_micros()).unwrap_or(i64::MAX);
+        let update_us = duration_us(options.interval);
         let keep = stale_after(options.interval);
         // SAFETY: plain values naming the groups just made.
         let ret = unsafe {
@@ -779,7 +781,7 @@ pub fn percent(ratio: f64) -> Option<f32> {
 /// Whether a value DCGM took at `value_ts_us` still describes the tick at
 /// `tick_ts_us`.
 fn fresh(value_ts_us: i64, tick_ts_us: i64, stale: Duration) -> bool {
-    let stale_us = i64::try_from(stale.as_micros()).unwrap_or(i64::MAX);
+    let stale_us = duration_us(stale);
     value_ts_us >= tick_ts_us.saturating_sub(stale_us)
 }
 

@@ -20,6 +20,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use gputel_proto::GpuSample;
+use gputel_runtime::time::duration_us;
 use serde::{Deserialize, Serialize};
 
 use super::rules::{Condition, Metric, Rule, RuleSet, xid_matches};
@@ -246,10 +247,6 @@ pub struct Evaluator {
     gpus: HashMap<(String, u32), (String, Option<String>)>,
     /// Nodes silent now.
     silent: BTreeMap<String, SilentNode>,
-}
-
-fn us(d: std::time::Duration) -> i64 {
-    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
 impl Evaluator {
@@ -532,7 +529,7 @@ impl Evaluator {
                         let Some(last) = self.states.get(&key).and_then(|t| t.last_event_us) else {
                             continue;
                         };
-                        let level = if g.ts_us - last >= us(*clear_after) {
+                        let level = if g.ts_us - last >= duration_us(*clear_after) {
                             Level::Clear
                         } else {
                             Level::Hold
@@ -640,9 +637,12 @@ impl Evaluator {
             tracked.last_event_us = Some(point.ts_us);
         }
         let firing = matches!(tracked.tracker.phase, Phase::Firing { .. });
-        let change = tracked
-            .tracker
-            .observe(level, point.ts_us, us(rule.for_), us(rule.clear_for));
+        let change = tracked.tracker.observe(
+            level,
+            point.ts_us,
+            duration_us(rule.for_),
+            duration_us(rule.clear_for),
+        );
         // A firing alert keeps the identity it fired with, so Alertmanager
         // sees one alert, not a new one whenever the job changes.
         if !firing || matches!(change, Some(Change::Resolved { .. })) {
