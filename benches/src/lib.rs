@@ -1146,15 +1146,11 @@ mod tests {
             f.gpu[0].job_id.iter().cloned().collect::<Vec<_>>()
         );
 
-        // Stored values per tick of 8 GPUs: 8 × 34, 16, 4 × 29, and at slow
-        // reads 8 × 40 (the realistic mode's 8 × 12, 12, 4 × 5, and 8 × 13).
+        // Stored values per tick of 8 GPUs: 8 × 34, 15, 4 × 29, and at slow
+        // reads 8 × 40 (the realistic mode's 8 × 12, 11, 4 × 5, and 8 × 13).
         let values = |batch: Batch| -> Vec<_> {
-            let mut buffer = WriteBuffer::default();
-            let valid = validate_batch(&batch, START_US + 3600 * SECOND_US).unwrap();
-            buffer.append("n-1", valid);
-            buffer
-                .take()
-                .unwrap()
+            let node = "n-1".to_owned();
+            buffer_and_take(&[AgentBatch { node, batch }])
                 .into_iter()
                 .filter(|(t, _, _)| [Table::Gpu, Table::Node, Table::Ib].contains(t))
                 .map(|(t, _, b)| (t, metric_values(t, &b)))
