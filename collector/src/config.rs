@@ -138,8 +138,11 @@ impl WalDir {
                   on a store no collector serves.\n\n\
                   An hour is closed once it ended --min-age ago. On a local store the new \
                   hour replaces the old in one atomic directory exchange; on S3 the merged \
-                  files are deleted after the compacted ones are uploaded (see the README). \
-                  Run one compaction per store at a time.\n\n\
+                  files are deleted after the compacted ones are uploaded (see the README).\n\n\
+                  One compactor per store at a time: the store's compaction lease (a lock \
+                  file at a local store's root; on S3 an object taken and renewed by \
+                  conditional writes, _gputel/compaction.lease) is held for the round. When \
+                  a serving collector holds it, this prints so and does nothing.\n\n\
                   With --retention, also deletes date= partitions older than their table's \
                   age. Store, S3 settings and retention come from --config when not given."
 )]
@@ -426,8 +429,9 @@ pub struct Settings {
     #[arg(long)]
     #[serde(default)]
     pub s3_virtual_hosted_style: bool,
-    /// How often closed hours are compacted and retention applied; 0 turns it
-    /// off [default: 10m for a directory store, off for object store URLs].
+    /// How often closed hours are compacted and retention applied, by
+    /// whichever collector sharing the store holds its compaction lease; 0
+    /// turns it off here [default: 10m].
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     #[serde(default, with = "humantime_serde")]
     pub compact_interval: Option<Duration>,
@@ -674,12 +678,11 @@ impl Config {
         };
         let s = cli.settings.or(file);
         let store = s.store.clone().unwrap_or_else(|| DEFAULT_STORE.to_owned());
+        // Collectors sharing a store all run the job; the store's
+        // compaction lease lets one of them at a time do it.
         let compact_interval = match s.compact_interval {
             Some(interval) if interval.is_zero() => None,
             Some(interval) => Some(interval),
-            // Several collectors may share a bucket and only one should
-            // compact it: on object stores it is asked for explicitly.
-            None if store.contains("://") && !store.starts_with("file://") => None,
             None => Some(DEFAULT_COMPACT_INTERVAL),
         };
         let retention = Retention::parse(s.retention.as_deref().unwrap_or_default())

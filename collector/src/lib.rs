@@ -43,7 +43,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::TcpListenerStream;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::clock::Clock;
 use crate::config::Config;
@@ -154,6 +154,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     let alerting = alerts.map(|prepared| start_alerting(prepared, serving.shared()));
     let addr = serving.local_addr();
     info!(%addr, store = %config.store, flush_interval = ?config.flush_interval, "listening on {addr}");
+    let (stop_maintenance, maintenance_stop) = watch::channel(false);
     let maintenance = config.compact_interval.map(|interval| {
         tokio::spawn(maintain(
             store,
@@ -161,6 +162,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             interval,
             config.flush_interval,
             config.retention.clone(),
+            maintenance_stop,
         ))
     });
     // The log is replayed and written out, and the port is bound.
@@ -170,7 +172,9 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         () = systemd::watchdog(&serving, config.flush_interval) => {}
     }
     if let Some(task) = maintenance {
-        task.abort();
+        // Stops a round where it is and gives the compaction lease up.
+        let _ = stop_maintenance.send(true);
+        let _ = task.await;
     }
     info!("shutting down: writing buffered rows");
     systemd::stopping("stopping: writing buffered rows");
@@ -184,29 +188,84 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
 
 /// The background maintenance: every `interval`, retention, then compaction
 /// of hours closed for `flush_interval` plus [`COMPACT_GRACE`], leaving
-/// alone this collector's files that its log has not released.
+/// alone this collector's files that its log has not released; only while
+/// this collector holds the store's compaction lease ([`compact::Lease`],
+/// kept from round to round and renewed at each, given up at `stop`).
 async fn maintain(
     store: store::Store,
     shared: Arc<WritePath>,
     interval: Duration,
     flush_interval: Duration,
     retention: compact::Retention,
+    mut stop: watch::Receiver<bool>,
 ) {
+    let (collector_id, _) = shared.log_position();
+    let holder = compact::holder_name(&format!("collector {collector_id}"));
+    let ttl = interval * LEASE_ROUNDS;
+    let mut held: Option<compact::Lease> = None;
     let mut timer = tokio::time::interval(interval);
     timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        timer.tick().await;
+        tokio::select! {
+            _ = timer.tick() => {}
+            _ = stop.wait_for(|s| *s) => break,
+        }
+        let mut lease = match held.take() {
+            Some(lease) => lease,
+            None => match compact::Lease::acquire(&store, &holder, ttl, Clock::System).await {
+                Ok(lease) => {
+                    info!(holder, ttl = ?ttl, "took the compaction lease: this collector maintains the store");
+                    lease
+                }
+                Err(
+                    e
+                    @ (compact::LeaseError::Held { .. } | compact::LeaseError::HeldLocally { .. }),
+                ) => {
+                    debug!(reason = %e, "not compacting");
+                    continue;
+                }
+                Err(e) => {
+                    warn!(error = %e, "cannot take the compaction lease; retried in {interval:?}");
+                    continue;
+                }
+            },
+        };
         let options = compact::CompactOptions {
             min_age: flush_interval + COMPACT_GRACE,
             unreleased_of: Some(shared.log_position()),
             ..compact::CompactOptions::default()
         };
         let now_us = Clock::System.now_us();
-        if let Err(e) = compact::maintain(&store, now_us, Some(&options), &retention).await {
-            warn!(error = %e, "compaction or retention failed; retried in {interval:?}");
+        let round = compact::maintain(&store, now_us, Some(&options), &retention, &mut lease);
+        let result = tokio::select! {
+            result = round => result,
+            _ = stop.wait_for(|s| *s) => {
+                held = Some(lease);
+                break;
+            }
+        };
+        match result {
+            Ok(_) => held = Some(lease),
+            Err(compact::CompactError::Lease(e)) => {
+                info!(reason = %e, "no longer the store's compactor");
+            }
+            Err(e) => {
+                warn!(error = %e, "compaction or retention failed; retried in {interval:?}");
+                held = Some(lease);
+            }
         }
     }
+    if let Some(lease) = held
+        && let Err(e) = lease.release().await
+    {
+        warn!(error = %e, "cannot give the compaction lease up; it runs out by itself");
+    }
 }
+
+/// A compaction lease lasts this many maintenance intervals: it outlives the
+/// pause between two rounds of its holder, and a peer takes it over within
+/// that many intervals of the holder's end.
+pub const LEASE_ROUNDS: u32 = 3;
 
 /// Alerting and its SIGHUP reloads, stopped together.
 #[derive(Debug)]

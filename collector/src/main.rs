@@ -110,8 +110,14 @@ async fn import_jobs(args: ImportJobs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `gputel-collector compact`: one round of retention and compaction; the
-/// log on stderr, one summary line on stdout.
+/// How long `gputel-collector compact` holds the store's compaction lease
+/// unless it renews it (before each hour it publishes) or gives it up (at
+/// its end).
+const COMPACT_LEASE_TTL: std::time::Duration = std::time::Duration::from_secs(10 * 60);
+
+/// `gputel-collector compact`: one round of retention and compaction under
+/// the store's compaction lease; the log on stderr, one summary line on
+/// stdout (or why another compactor's lease kept it from running).
 async fn compact(args: Compact) -> anyhow::Result<()> {
     gputel_runtime::logging::init("info")?;
     let (store_spec, s3, retention) = args.resolve()?;
@@ -123,10 +129,32 @@ async fn compact(args: Compact) -> anyhow::Result<()> {
     };
     let store = store::open_store(&store_spec, &s3)?;
     let options = (!args.retention_only).then_some(&options);
+    let holder = compact::holder_name(&format!("compact[{}]", std::process::id()));
+    let mut lease = match compact::Lease::acquire(&store, &holder, COMPACT_LEASE_TTL, Clock::System)
+        .await
+    {
+        Ok(lease) => lease,
+        Err(e @ (compact::LeaseError::Held { .. } | compact::LeaseError::HeldLocally { .. })) => {
+            println!("nothing done in {store_spec}: {e}");
+            return Ok(());
+        }
+        Err(e) => {
+            return Err(e).with_context(|| format!("maintenance of {store_spec} stopped"));
+        }
+    };
+    let round = compact::maintain(
+        &store,
+        Clock::System.now_us(),
+        options,
+        &retention,
+        &mut lease,
+    )
+    .await;
+    if let Err(e) = lease.release().await {
+        tracing::warn!(error = %e, "cannot give the compaction lease up; it runs out by itself");
+    }
     let (compacted, deleted) =
-        compact::maintain(&store, Clock::System.now_us(), options, &retention)
-            .await
-            .with_context(|| format!("maintenance of {store_spec} stopped"))?;
+        round.with_context(|| format!("maintenance of {store_spec} stopped"))?;
     println!(
         "compacted {} hours ({} files, {} rows, {} bytes -> {} files, {} rows, {} bytes; {} duplicate rows removed, {} of them with values differing from the row kept; {} hours left as they are (changed meanwhile, or holding a file of another schema: see the log)); deleted {} partitions past retention in {store_spec}",
         compacted.hours,

@@ -807,7 +807,15 @@ async fn a_flush_repeated_after_compaction_writes_nothing_twice() {
         min_age: std::time::Duration::ZERO,
         ..CompactOptions::default()
     };
-    let report = compact::compact(&store, NOW + 3_600_000_000, &options)
+    let mut lease = compact::Lease::acquire(
+        &store,
+        "test",
+        std::time::Duration::from_secs(60),
+        Default::default(),
+    )
+    .await
+    .expect("lease");
+    let report = compact::compact(&store, NOW + 3_600_000_000, &options, &mut lease)
         .await
         .expect("compaction");
     assert_eq!((report.hours, report.files_in, report.rows), (1, 2, 10));
@@ -892,7 +900,15 @@ async fn an_hour_too_large_for_one_file_loses_every_duplicate() {
         max_file_rows: 100,
         ..CompactOptions::default()
     };
-    let report = compact::compact(&store, NOW + 7_200_000_000, &options)
+    let mut lease = compact::Lease::acquire(
+        &store,
+        "test",
+        std::time::Duration::from_secs(60),
+        Default::default(),
+    )
+    .await
+    .expect("lease");
+    let report = compact::compact(&store, NOW + 7_200_000_000, &options, &mut lease)
         .await
         .expect("compaction");
     // 600 rows at 100 a file: six parts of the hour (ten minutes each).

@@ -1,8 +1,9 @@
 //! The collector on a real S3-compatible server (moto's server mode, which
 //! scripts/test installs and names in `GPUTEL_S3_SERVER`) on loopback: files
 //! land under the bucket's prefix, two collectors share a bucket without a
-//! name colliding, `import-jobs` writes there too, and a store that is down
-//! at first loses nothing.
+//! name colliding, `import-jobs` writes there too, a store that is down
+//! at first loses nothing, and one collector at a time compacts the bucket
+//! (its compaction lease, by conditional writes).
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -243,8 +244,16 @@ fn two_collectors_share_a_bucket_and_import_jobs_writes_there() {
 
     let local = tmp.path().join("downloaded");
     let keys = s3.download(PREFIX, &local);
-    // Nothing outside the prefix, nothing but Parquet files inside it.
+    // Nothing outside the prefix, nothing but Parquet files inside it, and
+    // the compaction lease one of the two took, given up at its stop.
     assert_eq!(s3.keys("").len(), keys.len());
+    let lease_key = format!("{PREFIX}/_gputel/compaction.lease");
+    let (lease, keys): (Vec<String>, Vec<String>) = keys.into_iter().partition(|k| *k == lease_key);
+    assert_eq!(lease, [lease_key.clone()]);
+    let lease: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(local.join("_gputel/compaction.lease")).unwrap())
+            .expect("the lease is JSON");
+    assert_eq!(lease["expires_us"], json!(0), "{lease}");
     assert!(keys.iter().all(|k| k.ends_with(".parquet")), "{keys:?}");
     // Each collector's files carry its own id: the two sets do not meet.
     let gpu_stems: Vec<&str> = keys
@@ -363,5 +372,169 @@ fn a_store_down_at_first_loses_nothing_and_doubles_nothing() {
     assert_eq!(
         gpu_rows(tmp.path(), &local, "late-"),
         (2 * 8 * 60, 2 * 8 * 60)
+    );
+}
+
+/// The start of the hour that began two hours ago, in RFC 3339: an hour
+/// closed long enough for the background compaction.
+fn closed_hour() -> String {
+    let now = chrono::Utc::now();
+    let hour = now - chrono::Duration::hours(2);
+    format!("{}:00:00Z", hour.format("%Y-%m-%dT%H"))
+}
+
+/// `gputel-collector compact` on the bucket; its stdout, after it exited 0.
+fn compact_bucket(s3: &S3) -> String {
+    let mut cmd = Command::new(collector_bin());
+    s3_env(&mut cmd)
+        .env("AWS_ENDPOINT_URL", s3.endpoint())
+        .env("AWS_ALLOW_HTTP", "true")
+        .args(["compact", "--min-age", "0s"])
+        .args(["--store", &format!("s3://{BUCKET}/{PREFIX}")]);
+    let out = cmd.output().expect("run gputel-collector compact");
+    assert!(
+        out.status.success(),
+        "compact: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+#[test]
+fn one_collector_at_a_time_compacts_a_shared_bucket() {
+    let Some(bin) = s3_server_bin() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let s3 = S3::start(&bin, unused_port());
+    s3.create_bucket();
+    let every_second = ["--compact-interval", "1s"];
+
+    let (mut a, addr_a) = s3_collector(
+        &s3.endpoint(),
+        PREFIX,
+        &tmp.path().join("a.wal"),
+        &every_second,
+    );
+    let took = a.wait_for_log("took the compaction lease", Duration::from_secs(30));
+    assert!(took.contains("holder=\"collector "), "{took}");
+    let (mut b, addr_b) = s3_collector(
+        &s3.endpoint(),
+        PREFIX,
+        &tmp.path().join("b.wal"),
+        &every_second,
+    );
+    let start = closed_hour();
+    for (addr, prefix, now_prefix) in [(&addr_a, "a-", "a-now-"), (&addr_b, "b-", "b-now-")] {
+        run_loadgen(
+            addr,
+            "120s",
+            &[
+                "--agents",
+                "2",
+                "--gpus",
+                "8",
+                "--ticks",
+                "30",
+                "--interval-ms",
+                "1000",
+                "--node-prefix",
+                now_prefix,
+            ],
+        );
+        run_loadgen(
+            addr,
+            "120s",
+            &[
+                "--agents",
+                "2",
+                "--gpus",
+                "8",
+                "--ticks",
+                "30",
+                "--interval-ms",
+                "1000",
+                "--start-ts",
+                &start,
+                "--node-prefix",
+                prefix,
+            ],
+        );
+    }
+    // Both collectors' files of the closed hour are merged by a, the holder,
+    // into one file per table.
+    let gpu_hour = format!(
+        "{PREFIX}/gpu/date={}/hour={}/",
+        &start[..10],
+        &start[11..13]
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let keys = s3.keys(&gpu_hour);
+        let parquet: Vec<&String> = keys.iter().filter(|k| k.ends_with(".parquet")).collect();
+        if parquet.len() == 1 && parquet[0].contains("/c-") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not compacted: {keys:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let compacted = a.wait_for_log("compacted", Duration::from_secs(30));
+    assert!(compacted.contains("duplicates=0"), "{compacted}");
+
+    // The command finds the lease held and does nothing.
+    let holder = took
+        .split("holder=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("the holder in the log line")
+        .to_owned();
+    let skipped = compact_bucket(&s3);
+    assert!(
+        skipped.starts_with(&format!(
+            "nothing done in s3://{BUCKET}/{PREFIX}: the compaction lease of this store is held by {holder} until "
+        )),
+        "{skipped}"
+    );
+
+    // a stops and gives the lease up; b takes it at its next round.
+    let (out, a_log) = a.terminate_with_log(Duration::from_secs(60));
+    assert!(out.status.success());
+    let b_took = b.wait_for_log("took the compaction lease", Duration::from_secs(30));
+    assert!(!b_took.contains(&holder), "{b_took}");
+    let (out, b_log) = b.terminate_with_log(Duration::from_secs(60));
+    assert!(out.status.success());
+    // b never compacted while a held the lease.
+    let b_compactions = b_log.iter().filter(|l| l.contains(" compacted ")).count();
+    assert_eq!(b_compactions, 0, "{b_log:?}");
+    assert_eq!(
+        a_log
+            .iter()
+            .filter(|l| l.contains("took the compaction lease"))
+            .count(),
+        1
+    );
+
+    // With both stopped the lease is free: the command runs (nothing left to do).
+    let ran = compact_bucket(&s3);
+    assert!(
+        ran.starts_with("compacted 0 hours "),
+        "{ran}\na: {a_log:#?}\nb: {b_log:#?}"
+    );
+
+    let local = tmp.path().join("downloaded");
+    s3.download(PREFIX, &local);
+    let scan = format!(
+        "read_parquet('{}/gpu/**/*.parquet', hive_partitioning = true)",
+        local.display()
+    );
+    // The closed hour's rows of both, once each; the current hour's too.
+    let rows = duckdb_value(
+        tmp.path(),
+        &format!("select count(*) || ' ' || count(distinct (node, gpu, ts)) from {scan}"),
+    );
+    assert_eq!(
+        rows,
+        json!(format!("{} {}", 4 * 2 * 8 * 30, 4 * 2 * 8 * 30))
     );
 }

@@ -1,6 +1,7 @@
 //! Compaction and retention: the store's maintenance, run by the serving
 //! collector on a timer and by `gputel-collector compact`, through one code
-//! path ([`maintain`]).
+//! path ([`maintain`]), by one process per store at a time: the holder of
+//! the store's compaction lease ([`Lease`]).
 //!
 //! Compaction merges the small files of a closed hour of one table into few
 //! large, sorted ones (`c-<hash of the merged names>.parquet`) and leaves a
@@ -105,6 +106,8 @@ pub enum CompactError {
         #[source]
         source: io::Error,
     },
+    #[error(transparent)]
+    Lease(#[from] LeaseError),
 }
 
 /// Which hours compaction considers.
@@ -162,25 +165,31 @@ pub struct CompactReport {
     pub bytes_out: u64,
 }
 
+mod lease;
 mod merge;
 mod publish;
 mod retention;
+
+pub use lease::{LEASE_PATH, LOCAL_LEASE_FILE, Lease, LeaseError, LeaseRecord, holder_name};
 
 use merge::*;
 use publish::*;
 pub use retention::{Retention, RetentionReport, apply_retention};
 
-/// One round of maintenance: retention, then compaction. Shared by the
-/// background job and `gputel-collector compact`.
+/// One round of maintenance: retention, then compaction, under the store's
+/// compaction lease (renewed first). Shared by the background job and
+/// `gputel-collector compact`.
 pub async fn maintain(
     store: &Store,
     now_us: i64,
     compact_options: Option<&CompactOptions>,
     retention: &Retention,
+    lease: &mut Lease,
 ) -> Result<(CompactReport, RetentionReport), CompactError> {
+    lease.renew().await?;
     let deleted = apply_retention(store, now_us, retention).await?;
     let compacted = match compact_options {
-        Some(options) => compact(store, now_us, options).await?,
+        Some(options) => compact(store, now_us, options, lease).await?,
         None => CompactReport::default(),
     };
     Ok((compacted, deleted))
@@ -242,11 +251,13 @@ fn hour_of(dir: &str) -> Option<i64> {
     (0..24).contains(&hour).then_some(hour)
 }
 
-/// Compacts every closed hour with more than one file.
+/// Compacts every closed hour with more than one file. `lease` is renewed
+/// before each hour is published: a compactor that lost it stops there.
 pub async fn compact(
     store: &Store,
     now_us: i64,
     options: &CompactOptions,
+    lease: &mut Lease,
 ) -> Result<CompactReport, CompactError> {
     let mut report = CompactReport::default();
     let closed_before = now_us.saturating_sub(options.min_age.as_micros() as i64);
@@ -274,7 +285,7 @@ pub async fn compact(
                     continue;
                 }
                 let key = PartitionKey::from_ts_us(start).expect("a listed hour is representable");
-                compact_hour(store, table, key, options, &mut report).await?;
+                compact_hour(store, table, key, options, lease, &mut report).await?;
             }
         }
     }
@@ -312,6 +323,7 @@ async fn compact_hour(
     table: Table,
     key: PartitionKey,
     options: &CompactOptions,
+    lease: &mut Lease,
     report: &mut CompactReport,
 ) -> Result<(), CompactError> {
     let hour = format!("{}/{key}", table.name());
@@ -422,6 +434,8 @@ async fn compact_hour(
         .map(|(s, i)| (s.path.clone(), format!("{} {}", s.hash, outputs[*i].stem)))
         .collect();
 
+    // Merging took a while: publish only while still the store's compactor.
+    lease.renew().await?;
     let bytes_out: u64 = outputs.iter().map(|o| o.bytes.len() as u64).sum();
     let duplicates = outputs
         .iter()
