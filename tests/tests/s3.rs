@@ -249,7 +249,7 @@ fn two_collectors_share_a_bucket_and_import_jobs_writes_there() {
     assert_eq!(s3.keys("").len(), keys.len());
     let lease_key = format!("{PREFIX}/_gputel/compaction.lease");
     let (lease, keys): (Vec<String>, Vec<String>) = keys.into_iter().partition(|k| *k == lease_key);
-    assert_eq!(lease, [lease_key.clone()]);
+    assert_eq!(lease, [lease_key]);
     let lease: serde_json::Value =
         serde_json::from_slice(&std::fs::read(local.join("_gputel/compaction.lease")).unwrap())
             .expect("the lease is JSON");
