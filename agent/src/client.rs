@@ -1,6 +1,7 @@
-//! The gRPC side: one bidirectional stream to the collector. Batches stay in a
+//! The gRPC side: one bidirectional stream to a collector. Batches stay in a
 //! bounded in-memory queue until an acknowledgement covers them, and are
-//! resent after every reconnect.
+//! resent after every reconnect, to the same collector or, after a failover
+//! ([`Collectors`]), to another.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -11,9 +12,9 @@ use gputel_proto::{AgentMessage, Batch, Hello, agent_message, collector_message}
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::Endpoint;
 use tracing::{debug, error, info, warn};
 
+use crate::collectors::Collectors;
 use crate::spool::Spool;
 
 /// Messages handed to the gRPC transport ahead of the network.
@@ -135,24 +136,24 @@ impl std::fmt::Display for Causes<'_> {
     }
 }
 
-/// Streams batches from `batches` to the collector at `endpoint` until the
-/// channel closes and everything is acknowledged (or `drain_timeout` passes).
+/// Streams batches from `batches` to one of `collectors` until the channel
+/// closes and everything is acknowledged (or `drain_timeout` passes).
 /// Unacknowledged batches are kept in memory, at most `max_pending`.
 pub async fn run(
-    endpoint: Endpoint,
+    collectors: Collectors,
     identity: Identity,
     batches: mpsc::Receiver<Batch>,
     max_pending: usize,
     drain_timeout: Duration,
 ) -> Delivery {
     let queue = Queue::new(max_pending, None);
-    run_queue(endpoint, identity, batches, queue, drain_timeout).await
+    run_queue(collectors, identity, batches, queue, drain_timeout).await
 }
 
 /// As [`run`], with unacknowledged batches kept in `spool` (memory holds only
 /// the newest `max_in_memory`; older ones are read back from disk to resend).
 pub async fn run_with_spool(
-    endpoint: Endpoint,
+    collectors: Collectors,
     identity: Identity,
     batches: mpsc::Receiver<Batch>,
     spool: Spool,
@@ -160,11 +161,11 @@ pub async fn run_with_spool(
     drain_timeout: Duration,
 ) -> Delivery {
     let queue = Queue::new(max_in_memory, Some(spool));
-    run_queue(endpoint, identity, batches, queue, drain_timeout).await
+    run_queue(collectors, identity, batches, queue, drain_timeout).await
 }
 
 async fn run_queue(
-    endpoint: Endpoint,
+    mut collectors: Collectors,
     identity: Identity,
     mut batches: mpsc::Receiver<Batch>,
     mut queue: Queue,
@@ -175,14 +176,32 @@ async fn run_queue(
     let mut drain_deadline: Option<Instant> = None;
     loop {
         let mut delay = None;
-        match connect(&endpoint, &identity).await {
+        let Some(collector) = collectors.next().await else {
+            warn!(collectors = %collectors.urls(), pending = queue.len(), "no collector address resolves");
+            collectors.failed();
+            let wait = backoff.next().unwrap_or(Duration::from_secs(30));
+            if wait_taking_batches(
+                wait,
+                &mut batches,
+                &mut queue,
+                &mut drain_deadline,
+                drain_timeout,
+            )
+            .await
+            {
+                return queue.finish();
+            }
+            continue;
+        };
+        match connect(&collector.endpoint, &identity).await {
             Ok((tx, responses, durable)) => {
+                collectors.connected();
                 backoff = new_backoff();
                 refused_backoff = new_refused_backoff();
                 queue.acknowledge(durable);
                 // A new stream resends from the lowest unacknowledged batch.
                 queue.from_disk.clear();
-                info!(collector = %endpoint.uri(), durable_seq = durable, pending = queue.len(), "connected");
+                info!(collector = %collector.name, durable_seq = durable, pending = queue.len(), "connected");
                 let ended = stream(
                     tx,
                     responses,
@@ -195,7 +214,7 @@ async fn run_queue(
                 match ended {
                     Ended::Done => break,
                     Ended::Lost(e) => {
-                        warn!(collector = %endpoint.uri(), error = %Causes(&e), pending = queue.len(), "stream lost; reconnecting")
+                        warn!(collector = %collector.name, error = %Causes(&e), pending = queue.len(), "stream lost; reconnecting")
                     }
                 }
             }
@@ -204,7 +223,7 @@ async fn run_queue(
                     let wait = refused_backoff.next().unwrap_or(REFUSED_MAX_DELAY);
                     delay = Some(wait);
                     error!(
-                        collector = %endpoint.uri(),
+                        collector = %collector.name,
                         code = ?status.code(),
                         reason = %status.message(),
                         retry_in = ?wait,
@@ -212,39 +231,64 @@ async fn run_queue(
                         "collector refused this agent; retrying less and less often (up to every {REFUSED_MAX_DELAY:?}) until the cause is fixed"
                     );
                 } else {
-                    warn!(collector = %endpoint.uri(), error = %Causes(&e), pending = queue.len(), "collector unreachable");
+                    warn!(collector = %collector.name, error = %Causes(&e), pending = queue.len(), "collector unreachable");
                 }
             }
         }
+        // The next address at once, unless every one failed since the last
+        // connection (or this one refused the agent): then wait.
+        if !collectors.failed() && delay.is_none() {
+            continue;
+        }
         let delay = delay.unwrap_or_else(|| backoff.next().unwrap_or(Duration::from_secs(30)));
-        let wake = Instant::now() + delay;
-        // While waiting, keep taking batches so the sampler never blocks.
-        loop {
-            if drain_deadline.is_some_and(|d| Instant::now() >= d) {
-                return queue.finish();
-            }
-            let until = drain_deadline.map_or(wake, |d| d.min(wake));
-            tokio::select! {
-                batch = batches.recv(), if drain_deadline.is_none() => match batch {
-                    Some(batch) => {
-                        queue.push(batch);
+        if wait_taking_batches(
+            delay,
+            &mut batches,
+            &mut queue,
+            &mut drain_deadline,
+            drain_timeout,
+        )
+        .await
+        {
+            return queue.finish();
+        }
+    }
+    queue.finish()
+}
+
+/// Waits `delay` while taking batches, so the sampler never blocks; true
+/// when the agent is done (its input closed with nothing left to send, or
+/// the drain deadline passed).
+async fn wait_taking_batches(
+    delay: Duration,
+    batches: &mut mpsc::Receiver<Batch>,
+    queue: &mut Queue,
+    drain_deadline: &mut Option<Instant>,
+    drain_timeout: Duration,
+) -> bool {
+    let wake = Instant::now() + delay;
+    loop {
+        if drain_deadline.is_some_and(|d| Instant::now() >= d) {
+            return true;
+        }
+        let until = drain_deadline.map_or(wake, |d| d.min(wake));
+        tokio::select! {
+            batch = batches.recv(), if drain_deadline.is_none() => match batch {
+                Some(batch) => queue.push(batch),
+                None => {
+                    if queue.is_empty() {
+                        return true;
                     }
-                    None => {
-                        if queue.is_empty() {
-                            return queue.finish();
-                        }
-                        drain_deadline = Some(Instant::now() + drain_timeout);
-                    }
-                },
-                _ = tokio::time::sleep_until(until) => {
-                    if Instant::now() >= wake {
-                        break;
-                    }
+                    *drain_deadline = Some(Instant::now() + drain_timeout);
+                }
+            },
+            _ = tokio::time::sleep_until(until) => {
+                if Instant::now() >= wake {
+                    return false;
                 }
             }
         }
     }
-    queue.finish()
 }
 
 fn new_backoff() -> impl Iterator<Item = Duration> {
@@ -267,7 +311,7 @@ fn new_refused_backoff() -> impl Iterator<Item = Duration> {
 type Responses = tonic::Streaming<gputel_proto::CollectorMessage>;
 
 async fn connect(
-    endpoint: &Endpoint,
+    endpoint: &tonic::transport::Endpoint,
     identity: &Identity,
 ) -> Result<(mpsc::Sender<AgentMessage>, Responses, u64), StreamError> {
     let channel = endpoint.connect().await?;

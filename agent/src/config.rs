@@ -45,9 +45,13 @@ pub struct Cli {
 #[derive(Debug, Default, Clone, Args, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct Settings {
-    /// Collector to stream to [default: http://127.0.0.1:7117].
-    #[arg(long, value_name = "URL")]
-    pub collector: Option<String>,
+    /// Collector to stream to; repeat the flag or separate URLs with commas
+    /// for several (a DNS name stands for every address it resolves to):
+    /// the agent streams to one and fails over to the next when it is lost
+    /// [default: http://127.0.0.1:7117].
+    #[arg(long, value_name = "URL", value_delimiter = ',')]
+    #[serde(default, deserialize_with = "one_or_many")]
+    pub collector: Option<Vec<String>>,
     /// Time between samples; ticks fall on wall-clock multiples of it [default: 1s].
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     #[serde(default, with = "humantime_serde")]
@@ -195,10 +199,25 @@ impl Settings {
     }
 }
 
+/// `collector = "URL"` or `collector = ["URL", …]` in the file.
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    Ok(Some(match OneOrMany::deserialize(d)? {
+        OneOrMany::One(url) => vec![url],
+        OneOrMany::Many(urls) => urls,
+    }))
+}
+
 /// The resolved configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
-    pub collector: String,
+    /// The collectors' URLs, at least one, all http:// or all https://.
+    pub collectors: Vec<String>,
     pub interval: Duration,
     pub node: String,
     pub procfs_root: PathBuf,
@@ -265,7 +284,10 @@ impl Config {
             None => hostname(&procfs_root)?,
         };
         let mut config = Config {
-            collector: s.collector.unwrap_or_else(|| DEFAULT_COLLECTOR.to_owned()),
+            collectors: s
+                .collector
+                .filter(|urls| !urls.is_empty())
+                .unwrap_or_else(|| vec![DEFAULT_COLLECTOR.to_owned()]),
             interval: s.interval.unwrap_or(Duration::from_secs(1)),
             node,
             procfs_root,
@@ -296,7 +318,7 @@ impl Config {
             metrics_hostname_label: s.metrics_hostname_label.unwrap_or_default(),
             tls: None,
         };
-        let https = config.collector.starts_with("https://");
+        let https = config.collectors.iter().any(|c| c.starts_with("https://"));
         config.tls = match (s.tls_ca, s.tls_cert, s.tls_key, https, s.plaintext) {
             // --once never talks to the collector.
             _ if cli.once => None,
@@ -317,7 +339,7 @@ impl Config {
                 return Err(ConfigError::Invalid(format!(
                     "collector {} is plaintext: use https:// with tls-ca, tls-cert and tls-key, \
                      or pass plaintext for loopback development",
-                    config.collector
+                    config.collectors.join(",")
                 )));
             }
         };
@@ -404,12 +426,45 @@ mod tests {
             "--plaintext",
         ]);
         let config = Config::load(&cli).unwrap();
-        assert_eq!(config.collector, "http://10.0.0.1:7117");
+        assert_eq!(config.collectors, ["http://10.0.0.1:7117"]);
         assert_eq!(config.interval, Duration::from_secs(5));
         assert_eq!(config.node, "gpu-017");
         assert_eq!(config.procfs_root, PathBuf::from("/proc"));
         assert_eq!(config.max_pending_batches, 3600);
         assert_eq!(config.metrics_listen, None);
+    }
+
+    #[test]
+    fn several_collectors_come_from_a_list_in_the_file_or_repeated_or_comma_separated_flags() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.toml");
+        std::fs::write(
+            &path,
+            "collector = [\"http://a:7117\", \"http://b:7117\"]\nplaintext = true\nnode = \"n\"\n",
+        )
+        .unwrap();
+        let from_file = Config::load(&Cli::parse_from([
+            "gputel-agent",
+            "--config",
+            path.to_str().unwrap(),
+        ]))
+        .unwrap();
+        assert_eq!(from_file.collectors, ["http://a:7117", "http://b:7117"]);
+        let repeated = load(&[
+            "--collector",
+            "http://c:1",
+            "--collector",
+            "http://d:1,http://e:1",
+        ])
+        .unwrap();
+        assert_eq!(
+            repeated.collectors,
+            ["http://c:1", "http://d:1", "http://e:1"]
+        );
+        assert_eq!(load(&[]).unwrap().collectors, [DEFAULT_COLLECTOR]);
+        // One https:// collector among them needs TLS.
+        let err = load(&["--collector", "http://c:1,https://d:1"]).unwrap_err();
+        assert!(err.starts_with("an https:// collector needs"), "{err}");
     }
 
     #[test]

@@ -10,6 +10,7 @@
 
 pub mod client;
 pub mod clock;
+pub mod collectors;
 pub mod config;
 pub mod jobs;
 pub mod metrics;

@@ -7,10 +7,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity as TlsIdentity};
+use tonic::transport::{Certificate, ClientTlsConfig, Identity as TlsIdentity};
 use tracing::{error, info, warn};
 
 use crate::client::{self, Delivery, Identity};
+use crate::collectors::{Collectors, CollectorsError};
 use crate::config::Config;
 use crate::metrics::{self, Metrics};
 use crate::sampling::{self, Gpus, Samplers};
@@ -25,20 +26,14 @@ const METRICS_SHUTDOWN: Duration = Duration::from_secs(2);
 /// Why the agent could not start or stopped early.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
-    #[error("invalid collector URL {url:?}: {source}")]
-    CollectorUrl {
-        url: String,
-        #[source]
-        source: tonic::transport::Error,
-    },
+    #[error(transparent)]
+    Collectors(#[from] CollectorsError),
     #[error("cannot read TLS file {path}: {source}")]
     TlsFile {
         path: std::path::PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("invalid TLS configuration: {0}")]
-    Tls(#[source] tonic::transport::Error),
     #[error("cannot open the spool in {dir}: {source}")]
     Spool {
         dir: std::path::PathBuf,
@@ -110,28 +105,25 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<Summary, RunError> {
     let samplers = Samplers::open(&config);
-    let mut endpoint = Endpoint::from_shared(config.collector.clone())
-        .map_err(|source| RunError::CollectorUrl {
-            url: config.collector.clone(),
-            source,
-        })?
-        .connect_timeout(Duration::from_secs(10))
-        .tcp_nodelay(true);
-    if let Some(tls) = &config.tls {
-        let read = |path: &std::path::Path| {
-            std::fs::read(path).map_err(|source| RunError::TlsFile {
-                path: path.to_owned(),
-                source,
-            })
-        };
-        let mut client = ClientTlsConfig::new()
-            .ca_certificate(Certificate::from_pem(read(&tls.ca)?))
-            .identity(TlsIdentity::from_pem(read(&tls.cert)?, read(&tls.key)?));
-        if let Some(name) = &tls.server_name {
-            client = client.domain_name(name.clone());
+    let tls = match &config.tls {
+        Some(tls) => {
+            let read = |path: &std::path::Path| {
+                std::fs::read(path).map_err(|source| RunError::TlsFile {
+                    path: path.to_owned(),
+                    source,
+                })
+            };
+            let mut client = ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(read(&tls.ca)?))
+                .identity(TlsIdentity::from_pem(read(&tls.cert)?, read(&tls.key)?));
+            if let Some(name) = &tls.server_name {
+                client = client.domain_name(name.clone());
+            }
+            Some(client)
         }
-        endpoint = endpoint.tls_config(client).map_err(RunError::Tls)?;
-    }
+        None => None,
+    };
+    let collectors = Collectors::new(&config.collectors, tls, &config.node)?;
     // With a spool, the agent id and the sequence numbers outlive restarts,
     // so the collector recognises what it already has.
     let spool =
@@ -180,9 +172,9 @@ pub async fn run(
         "sampling {} every {:?}; delivering to {}",
         samplers.describe(),
         config.interval,
-        config.collector
+        collectors.urls()
     );
-    info!(node = %identity.node, agent_id = %identity.agent_id, collector = %config.collector, interval = ?config.interval, "starting");
+    info!(node = %identity.node, agent_id = %identity.agent_id, collector = %collectors.urls(), interval = ?config.interval, "starting");
 
     let (batch_tx, batch_rx) = tokio::sync::mpsc::channel(HANDOFF);
     let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
@@ -225,7 +217,7 @@ pub async fn run(
             match spool {
                 Some(spool) => {
                     client::run_with_spool(
-                        endpoint,
+                        collectors,
                         identity,
                         batch_rx,
                         spool,
@@ -236,7 +228,7 @@ pub async fn run(
                 }
                 None => {
                     client::run(
-                        endpoint,
+                        collectors,
                         identity,
                         batch_rx,
                         config.max_pending_batches,

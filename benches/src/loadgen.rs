@@ -27,6 +27,7 @@ use chrono::{DateTime, SecondsFormat};
 use clap::Parser;
 use gputel_agent::client::{self, Delivery, Identity};
 use gputel_agent::clock::Cadence;
+use gputel_agent::collectors::{Collectors, CollectorsError};
 use gputel_collector::validate::{MAX_FUTURE_US, MIN_TS_US, validate_batch, validate_hello};
 use gputel_proto::{AgentMessage, Batch, Hello, agent_message};
 use gputel_runtime::time::duration_us;
@@ -34,7 +35,6 @@ use gputel_schemas::Table;
 use prost::Message;
 use tokio::sync::{Semaphore, mpsc};
 use tokio::time::Instant;
-use tonic::transport::Endpoint;
 use tracing::{info, warn};
 
 use crate::{AgentBatch, IB_PORTS_PER_NODE, SimNode, Values, buffer_and_take, metric_values};
@@ -81,9 +81,11 @@ const NAMED_AGENTS: usize = 5;
 )]
 pub struct Cli {
     /// The collector's gRPC URL, e.g. http://collector:7117 (a bare
-    /// host:port means http://).
-    #[arg(long, value_name = "URL")]
-    pub collector: String,
+    /// host:port means http://); repeat it or separate URLs with commas for
+    /// several: each agent streams to one (spread by node name) and fails
+    /// over to the next, as gputel-agent does.
+    #[arg(long, value_name = "URL", value_delimiter = ',', required = true)]
+    pub collector: Vec<String>,
     /// Simulated agents (nodes), each on its own stream.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub agents: u32,
@@ -150,12 +152,8 @@ pub struct Cli {
 /// Why a run cannot start.
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
-    #[error("invalid collector URL {url:?}: {source}")]
-    Url {
-        url: String,
-        #[source]
-        source: tonic::transport::Error,
-    },
+    #[error(transparent)]
+    Collectors(#[from] CollectorsError),
     #[error(
         "--start-ts {value:?} is neither RFC 3339 (e.g. 2025-01-31T12:00:00Z) nor `now`: {source}"
     )]
@@ -194,8 +192,8 @@ pub enum RunError {
 /// A run's settings, resolved and checked.
 #[derive(Debug, Clone)]
 pub struct Plan {
-    pub collector: String,
-    pub endpoint: Endpoint,
+    /// The collectors' URLs, as given.
+    pub collectors: Vec<String>,
     pub agents: u32,
     pub gpus: u32,
     pub ticks: u64,
@@ -233,19 +231,8 @@ impl Plan {
 
     /// Resolves `cli` with `now_us` as the current time.
     pub fn new(cli: &Cli, now_us: i64) -> Result<Plan, PlanError> {
-        // A bare host:port means plain HTTP/2, as the collector serves it.
-        let collector = if cli.collector.contains("://") {
-            cli.collector.clone()
-        } else {
-            format!("http://{}", cli.collector)
-        };
-        let endpoint = Endpoint::from_shared(collector.clone())
-            .map_err(|source| PlanError::Url {
-                url: collector.clone(),
-                source,
-            })?
-            .connect_timeout(CONNECT_TIMEOUT)
-            .tcp_nodelay(true);
+        // Checks the URLs; each agent makes its own list (its own start).
+        Collectors::new(&cli.collector, None, "")?;
         let interval_us = i64::try_from(cli.interval_ms.saturating_mul(1000)).unwrap_or(i64::MAX);
         let span_us = i64::try_from(cli.ticks)
             .unwrap_or(i64::MAX)
@@ -277,8 +264,7 @@ impl Plan {
         }
         let run_id = format!("{:x}", now_us);
         let mut plan = Plan {
-            collector,
-            endpoint,
+            collectors: cli.collector.clone(),
             agents: cli.agents,
             gpus: cli.gpus,
             ticks: cli.ticks,
@@ -582,22 +568,35 @@ struct Generated(AtomicU64);
 /// `plan.timeout`.
 pub async fn run(plan: Plan) -> Result<Summary, RunError> {
     // Fail in words, at once, when nothing listens (the client would retry forever).
-    match tokio::time::timeout(CONNECT_TIMEOUT, plan.endpoint.connect()).await {
-        Ok(Ok(_channel)) => {}
-        Ok(Err(e)) => {
-            return Err(RunError::Unreachable {
-                url: plan.collector.clone(),
-                reason: causes(&e),
-            });
+    let mut collectors = Collectors::new(&plan.collectors, None, "").expect("checked by Plan::new");
+    let mut unreachable = None;
+    while let Some(candidate) = collectors.next().await {
+        match tokio::time::timeout(CONNECT_TIMEOUT, candidate.endpoint.connect()).await {
+            Ok(Ok(_channel)) => {
+                unreachable = None;
+                break;
+            }
+            Ok(Err(e)) => {
+                unreachable = Some(RunError::Unreachable {
+                    url: candidate.name,
+                    reason: causes(&e),
+                })
+            }
+            Err(_) => {
+                unreachable = Some(RunError::ConnectTimeout {
+                    url: candidate.name,
+                })
+            }
         }
-        Err(_) => {
-            return Err(RunError::ConnectTimeout {
-                url: plan.collector.clone(),
-            });
+        if collectors.failed() {
+            break;
         }
     }
+    if let Some(e) = unreachable {
+        return Err(e);
+    }
     info!(
-        collector = %plan.collector,
+        collector = %plan.collectors.join(","),
         agents = plan.agents,
         gpus = plan.gpus,
         ticks = plan.ticks,
@@ -712,8 +711,11 @@ async fn agent(
             break;
         }
         let (tx, rx) = mpsc::channel(HANDOFF);
+        let collectors = Collectors::new(&plan.collectors, None, &identity.node)
+            .expect("checked by Plan::new")
+            .with_connect_timeout(CONNECT_TIMEOUT);
         let stream = tokio::spawn(client::run(
-            plan.endpoint.clone(),
+            collectors,
             identity.clone(),
             rx,
             // Room for the whole window: the client never drops a batch.

@@ -8,12 +8,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gputel_agent::client::{self, Delivery, Earlier, Identity, TableRows};
+use gputel_agent::collectors::Collectors;
 use gputel_collector::ServeOptions;
 use gputel_collector::clock::Clock;
 use gputel_collector::memory::MemoryPlan;
 use gputel_proto::{Batch, NodeSample};
 use tokio::net::TcpListener;
-use tonic::transport::Endpoint;
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -49,7 +49,7 @@ fn batch(seq: u64, cpu_count: u32) -> Batch {
 }
 
 /// Runs the agent's client with `batches`, until each is acknowledged or rejected.
-async fn deliver(endpoint: &Endpoint, batches: Vec<Batch>) -> Delivery {
+async fn deliver(collector: &str, batches: Vec<Batch>) -> Delivery {
     let identity = Identity {
         node: "gpu-node-060".into(),
         agent_id: "cloned-agent".into(),
@@ -62,7 +62,13 @@ async fn deliver(endpoint: &Endpoint, batches: Vec<Batch>) -> Delivery {
     drop(tx);
     tokio::time::timeout(
         WAIT,
-        client::run(endpoint.clone(), identity, rx, 16, Duration::from_secs(10)),
+        client::run(
+            Collectors::new(&[collector.to_owned()], None, "n").expect("a collector URL"),
+            identity,
+            rx,
+            16,
+            Duration::from_secs(10),
+        ),
     )
     .await
     .expect("the client delivers and stops")
@@ -104,8 +110,7 @@ async fn a_resent_number_with_other_content_is_rejected_and_the_agent_logs_why()
     let serving = gputel_collector::serve(listener, store, Clock::System, options, wal, replayed)
         .await
         .expect("serve");
-    let endpoint =
-        Endpoint::from_shared(format!("http://{}", serving.local_addr())).expect("endpoint");
+    let endpoint = format!("http://{}", serving.local_addr());
 
     // The first agent: 1 to 3, acknowledged.
     let first = deliver(&endpoint, (1..=3).map(|seq| batch(seq, 8)).collect()).await;
