@@ -22,6 +22,7 @@ pub mod ingest;
 pub mod log_throttle;
 pub mod marker;
 pub mod memory;
+pub mod peers;
 pub mod persist;
 pub mod report;
 pub mod silence;
@@ -49,6 +50,7 @@ use crate::clock::Clock;
 use crate::config::Config;
 use crate::flush::Flusher;
 use crate::ingest::IngestService;
+use crate::peers::Peers;
 use crate::write::WritePath;
 
 /// How long streams get to close after the last flush before the server stops waiting.
@@ -376,6 +378,7 @@ pub async fn serve(
     }
     let (stop_flush, stop_flush_rx) = watch::channel(false);
     let (close_streams, close_streams_rx) = watch::channel(false);
+    let objects = Arc::clone(&store.objects);
     let mut flusher = Flusher::new(Arc::clone(&shared), store);
     if replaying {
         // Before any agent connects, so the replayed rows get their own files.
@@ -384,7 +387,17 @@ pub async fn serve(
         }
     }
     let syncing = tokio::spawn(Arc::clone(&shared).run_syncer(close_streams_rx.clone()));
-    let watching = tokio::spawn(Arc::clone(&shared).run_node_watch(stop_flush_rx.clone()));
+    // Collectors sharing the store tell each other which nodes they stream.
+    let peers = Arc::new(Peers::new(
+        objects,
+        &shared.log_position().0,
+        shared.clock().clone(),
+    ));
+    let publishing =
+        tokio::spawn(Arc::clone(&peers).run(Arc::clone(&shared), stop_flush_rx.clone()));
+    let watching = tokio::spawn(
+        Arc::clone(&shared).run_node_watch(stop_flush_rx.clone(), Some(Arc::clone(&peers))),
+    );
     let flushing = tokio::spawn(flusher.run(options.flush_interval, stop_flush_rx));
 
     let require_identity = options.tls.is_some();
@@ -422,6 +435,7 @@ pub async fn serve(
         server_stop,
         flushing: Some(flushing),
         watching: Some(watching),
+        publishing: Some(publishing),
         syncing,
         server,
     })
@@ -440,6 +454,9 @@ pub struct Serving {
     flushing: Option<JoinHandle<()>>,
     /// The node watch (see [`silence`]); saves its state when stopped.
     watching: Option<JoinHandle<()>>,
+    /// This collector's node list in the store (see [`peers`]); cleared
+    /// when stopped.
+    publishing: Option<JoinHandle<()>>,
     syncing: JoinHandle<()>,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
 }
@@ -473,6 +490,11 @@ impl Serving {
             && let Err(e) = watching.await
         {
             warn!(error = %e, "node watch failed");
+        }
+        if let Some(publishing) = self.publishing.take()
+            && let Err(e) = publishing.await
+        {
+            warn!(error = %e, "node list task failed");
         }
     }
 

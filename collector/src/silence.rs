@@ -192,6 +192,10 @@ pub enum NodeChange {
     },
     /// A node silent for [`NODE_RETENTION`] is no longer watched.
     Forgotten { node: String, at_us: i64 },
+    /// A node that went quiet here streams to another collector sharing the
+    /// store (`to`): it failed over, it is not silent. No longer watched
+    /// here; its alerts are handed over, neither resolved nor re-sent.
+    Moved { node: String, to: String },
 }
 
 impl NodeChange {
@@ -199,7 +203,9 @@ impl NodeChange {
     pub fn node(&self) -> &str {
         match self {
             NodeChange::Silent(s) => &s.node,
-            NodeChange::Back { node, .. } | NodeChange::Forgotten { node, .. } => node,
+            NodeChange::Back { node, .. }
+            | NodeChange::Forgotten { node, .. }
+            | NodeChange::Moved { node, .. } => node,
         }
     }
 }
@@ -382,6 +388,13 @@ impl NodeWatch {
             .collect()
     }
 
+    /// Stops watching `node`: it streams to another collector now.
+    pub fn forget(&mut self, node: &str) {
+        if self.nodes.remove(node).is_some() {
+            self.dirty = true;
+        }
+    }
+
     /// What changed by `now_us`: nodes that passed their threshold without
     /// a batch, and silent nodes forgotten after [`NODE_RETENTION`].
     pub fn check(&mut self, now_us: i64) -> Vec<NodeChange> {
@@ -487,7 +500,7 @@ impl NodeWatch {
                     job_id: one_job(jobs),
                 })
             }
-            NodeChange::Silent(_) | NodeChange::Forgotten { .. } => None,
+            NodeChange::Silent(_) | NodeChange::Forgotten { .. } | NodeChange::Moved { .. } => None,
         }
     }
 

@@ -21,6 +21,7 @@ use tracing::{debug, error, info, warn};
 use crate::buffer::WriteBuffer;
 use crate::clock::Clock;
 use crate::memory::MemoryPlan;
+use crate::peers::Peers;
 use crate::silence::{NodeChange, NodeWatch, StreamEnd, seconds};
 use crate::systemd::Heartbeat;
 use crate::validate::{ValidBatch, canonical_node, validate_batch};
@@ -523,9 +524,29 @@ impl WritePath {
         }
     }
 
+    /// The nodes with a stream open now.
+    pub fn streaming_nodes(&self) -> Vec<String> {
+        let state = self.lock();
+        let mut nodes: Vec<String> = state
+            .agents
+            .values()
+            .filter(|a| a.session.is_some())
+            .filter_map(|a| a.owner.clone())
+            .collect();
+        nodes.sort();
+        nodes.dedup();
+        nodes
+    }
+
     /// Looks for silent nodes every [`SILENCE_CHECK`] and saves the watch,
     /// until `stop` turns true; returns at once when silence is not watched.
-    pub async fn run_node_watch(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+    /// A node that went quiet here while `peers` lists it on another
+    /// collector has moved there: it is forgotten here, not silent.
+    pub async fn run_node_watch(
+        self: Arc<Self>,
+        mut stop: watch::Receiver<bool>,
+        peers: Option<Arc<Peers>>,
+    ) {
         let Some(silence) = self.silence.get() else {
             return;
         };
@@ -550,6 +571,10 @@ impl WritePath {
                             })
                             .collect::<Vec<_>>()
                     };
+                    let found = match &peers {
+                        Some(peers) => self.moved_elsewhere(silence, peers, found).await,
+                        None => found,
+                    };
                     let changed = !found.is_empty() || lock(&silence.watch).has_new_nodes();
                     for (change, event) in found {
                         self.node_changed(silence, change, event);
@@ -568,6 +593,48 @@ impl WritePath {
             }
         }
         self.save_node_watch(silence).await;
+    }
+
+    /// Of the nodes just found silent, those another collector streams
+    /// become [`NodeChange::Moved`] (no event) and are no longer watched.
+    async fn moved_elsewhere(
+        &self,
+        silence: &Silence,
+        peers: &Peers,
+        found: Vec<(NodeChange, Option<NodeEvent>)>,
+    ) -> Vec<(NodeChange, Option<NodeEvent>)> {
+        let quiet: Vec<String> = found
+            .iter()
+            .filter_map(|(c, _)| match c {
+                NodeChange::Silent(s) if !s.restored => Some(s.node.clone()),
+                _ => None,
+            })
+            .collect();
+        if quiet.is_empty() {
+            return found;
+        }
+        let elsewhere = peers.elsewhere(&quiet).await;
+        if elsewhere.is_empty() {
+            return found;
+        }
+        let mut watch = lock(&silence.watch);
+        found
+            .into_iter()
+            .map(|(change, event)| match elsewhere.get(change.node()) {
+                Some(to) if matches!(&change, NodeChange::Silent(s) if !s.restored) => {
+                    let node = change.node().to_owned();
+                    watch.forget(&node);
+                    (
+                        NodeChange::Moved {
+                            node,
+                            to: to.clone(),
+                        },
+                        None,
+                    )
+                }
+                _ => (change, event),
+            })
+            .collect()
     }
 
     /// Logs a node change, its event and tells the alert task.
@@ -593,6 +660,11 @@ impl WritePath {
             NodeChange::Forgotten { node, .. } => info!(
                 node = %node,
                 "node forgotten after a week of silence"
+            ),
+            NodeChange::Moved { node, to } => info!(
+                node = %node,
+                collector = %to,
+                "node streams to another collector now: no longer watched here"
             ),
         }
         if let Some(event) = event {

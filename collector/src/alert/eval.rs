@@ -411,6 +411,28 @@ impl Evaluator {
         self.resolve_up(node, at_us, 1.0, None)
     }
 
+    /// `node` streams to another collector now, which evaluates its samples
+    /// from here on: its alerts, pending and firing, are dropped without a
+    /// transition. Returns the keys of those that were firing.
+    pub fn node_moved(&mut self, node: &str) -> Vec<AlertKey> {
+        self.silent.remove(node);
+        let keys: Vec<AlertKey> = self
+            .states
+            .keys()
+            .filter(|k| k.node == node)
+            .cloned()
+            .collect();
+        let mut firing = Vec::new();
+        for key in keys {
+            if let Some(tracked) = self.states.remove(&key)
+                && matches!(tracked.tracker.phase, Phase::Firing { .. })
+            {
+                firing.push(key);
+            }
+        }
+        firing
+    }
+
     /// `node` was silent for a week and is no longer watched: its `up`
     /// alerts resolve (reason [`reason::NODE_FORGOTTEN`]).
     pub fn node_forgotten(&mut self, node: &str, at_us: i64) -> Vec<Transition> {
@@ -1239,6 +1261,28 @@ mod tests {
         // Its samples count again, from scratch: `for` starts over.
         assert_eq!(
             e.observe(&input(vec![reading(21, 0, 95, 300, 700)]))[0].change,
+            Change::Pending
+        );
+    }
+
+    #[test]
+    fn a_node_that_moved_drops_its_alerts_without_a_transition() {
+        let mut e = Evaluator::new(&rules(HOT), BTreeMap::new());
+        // GPU 0 fires (95 °C for 2 s); GPU 1 is pending.
+        for t in 0..=2 {
+            e.observe(&input(vec![reading(t, 0, 95, 300, 700)]));
+        }
+        e.observe(&input(vec![reading(3, 1, 95, 300, 700)]));
+        assert_eq!(e.states().len(), 2);
+        let handed = e.node_moved("n1");
+        assert_eq!(
+            handed.iter().map(AlertKey::fingerprint).collect::<Vec<_>>(),
+            ["Hot/n1/0"]
+        );
+        assert!(e.states().is_empty());
+        // Nothing else of the node is tracked: the next sample starts over.
+        assert_eq!(
+            e.observe(&input(vec![reading(4, 0, 95, 300, 700)]))[0].change,
             Change::Pending
         );
     }

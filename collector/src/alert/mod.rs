@@ -358,6 +358,18 @@ impl AlertTask {
             NodeChange::Silent(s) => self.evaluator.node_silent(s),
             NodeChange::Back { node, at_us, .. } => self.evaluator.node_back(node, *at_us),
             NodeChange::Forgotten { node, at_us } => self.evaluator.node_forgotten(node, *at_us),
+            NodeChange::Moved { node, to } => {
+                let handed = self.evaluator.node_moved(node);
+                for key in &handed {
+                    self.notifier.hand_over(&key.fingerprint());
+                }
+                if !handed.is_empty() {
+                    info!(node = %node, to = %to, alerts = handed.len(), "firing alerts handed over to the collector the node streams to now");
+                }
+                self.dirty = true;
+                self.save().await;
+                Vec::new()
+            }
         };
         self.apply(transitions).await;
     }

@@ -113,6 +113,13 @@ impl Outbox {
         self.wake.notify_one();
     }
 
+    fn remove(&self, key: &str) {
+        self.queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
+    }
+
     fn take(&self) -> Vec<serde_json::Value> {
         std::mem::take(&mut *self.queue.lock().unwrap_or_else(|e| e.into_inner()))
             .into_values()
@@ -338,6 +345,19 @@ impl Notifier {
             webhook.put(format!("{key} resolved {}", alert.starts_at), json(&body));
         }
         self.resolved.insert(key, (Instant::now(), alert));
+    }
+
+    /// Another collector took the alert's node over: it is no longer sent
+    /// from here, neither firing nor resolved. Alertmanager keeps it until
+    /// the `endsAt` last sent, by which time the new collector sends it
+    /// (the same labels: one alert, no second notification) if it still
+    /// holds.
+    pub fn hand_over(&mut self, key: &str) {
+        self.firing.remove(key);
+        self.resolved.remove(key);
+        for outbox in &self.alertmanagers {
+            outbox.remove(key);
+        }
     }
 
     /// The alert sent under `key` while it fires.
