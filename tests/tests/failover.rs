@@ -244,7 +244,7 @@ async fn a_node_that_moved_to_another_collector_is_not_silent_on_the_one_it_left
             .unwrap();
     }
     drop(tx);
-    let to_a = Collectors::new(&[url_a.clone()], None, "n1").unwrap();
+    let to_a = Collectors::new(std::slice::from_ref(&url_a), None, "n1").unwrap();
     let delivered = client::run(to_a, identity.clone(), rx, 16, Duration::from_secs(10)).await;
     assert_eq!(delivered.acknowledged, 3);
     wait_for_file(&tmp.path().join("a.wal/nodes.json"), "lists n1", |t| {
@@ -253,7 +253,7 @@ async fn a_node_that_moved_to_another_collector_is_not_silent_on_the_one_it_left
     .await;
 
     let (tx, rx) = tokio::sync::mpsc::channel(16);
-    let to_b = Collectors::new(&[url_b.clone()], None, "n1").unwrap();
+    let to_b = Collectors::new(std::slice::from_ref(&url_b), None, "n1").unwrap();
     let streaming = tokio::spawn(client::run(to_b, identity, rx, 16, Duration::from_secs(10)));
     tx.send(node_batch(4, t0 - 6_000_000)).await.unwrap();
     // b names n1 in its list in the store (every 10 s).
