@@ -176,64 +176,52 @@ async fn run_queue(
     let mut drain_deadline: Option<Instant> = None;
     loop {
         let mut delay = None;
-        let Some(collector) = collectors.next().await else {
-            warn!(collectors = %collectors.urls(), pending = queue.len(), "no collector address resolves");
-            collectors.failed();
-            let wait = backoff.next().unwrap_or(Duration::from_secs(30));
-            if wait_taking_batches(
-                wait,
-                &mut batches,
-                &mut queue,
-                &mut drain_deadline,
-                drain_timeout,
-            )
-            .await
-            {
-                return queue.finish();
+        match collectors.next().await {
+            None => {
+                warn!(collectors = %collectors.urls(), pending = queue.len(), "no collector address resolves")
             }
-            continue;
-        };
-        match connect(&collector.endpoint, &identity).await {
-            Ok((tx, responses, durable)) => {
-                collectors.connected();
-                backoff = new_backoff();
-                refused_backoff = new_refused_backoff();
-                queue.acknowledge(durable);
-                // A new stream resends from the lowest unacknowledged batch.
-                queue.from_disk.clear();
-                info!(collector = %collector.name, durable_seq = durable, pending = queue.len(), "connected");
-                let ended = stream(
-                    tx,
-                    responses,
-                    &mut batches,
-                    &mut queue,
-                    &mut drain_deadline,
-                    drain_timeout,
-                )
-                .await;
-                match ended {
-                    Ended::Done => break,
-                    Ended::Lost(e) => {
-                        warn!(collector = %collector.name, error = %Causes(&e), pending = queue.len(), "stream lost; reconnecting")
+            Some(collector) => match connect(&collector.endpoint, &identity).await {
+                Ok((tx, responses, durable)) => {
+                    collectors.connected();
+                    backoff = new_backoff();
+                    refused_backoff = new_refused_backoff();
+                    queue.acknowledge(durable);
+                    // A new stream resends from the lowest unacknowledged batch.
+                    queue.from_disk.clear();
+                    info!(collector = %collector.name, durable_seq = durable, pending = queue.len(), "connected");
+                    let ended = stream(
+                        tx,
+                        responses,
+                        &mut batches,
+                        &mut queue,
+                        &mut drain_deadline,
+                        drain_timeout,
+                    )
+                    .await;
+                    match ended {
+                        Ended::Done => break,
+                        Ended::Lost(e) => {
+                            warn!(collector = %collector.name, error = %Causes(&e), pending = queue.len(), "stream lost; reconnecting")
+                        }
                     }
                 }
-            }
-            Err(e) => {
-                if let Some(status) = e.refusal() {
-                    let wait = refused_backoff.next().unwrap_or(REFUSED_MAX_DELAY);
-                    delay = Some(wait);
-                    error!(
-                        collector = %collector.name,
-                        code = ?status.code(),
-                        reason = %status.message(),
-                        retry_in = ?wait,
-                        pending = queue.len(),
-                        "collector refused this agent; retrying less and less often (up to every {REFUSED_MAX_DELAY:?}) until the cause is fixed"
-                    );
-                } else {
-                    warn!(collector = %collector.name, error = %Causes(&e), pending = queue.len(), "collector unreachable");
+                Err(e) => {
+                    if let Some(status) = e.refusal() {
+                        let wait = refused_backoff.next().unwrap_or(REFUSED_MAX_DELAY);
+                        delay = Some(wait);
+                        error!(
+                            collector = %collector.name,
+                            code = ?status.code(),
+                            reason = %status.message(),
+                            retry_in = ?wait,
+                            pending = queue.len(),
+                            "collector refused this agent; retrying less and less often (up to every {REFUSED_MAX_DELAY:?}) until the cause is fixed"
+                        );
+                    } else {
+                        warn!(collector = %collector.name, error = %Causes(&e), pending = queue.len(), "collector unreachable");
+                    }
                 }
-            }
+            },
         }
         // The next address at once, unless every one failed since the last
         // connection (or this one refused the agent): then wait.

@@ -807,14 +807,7 @@ async fn a_flush_repeated_after_compaction_writes_nothing_twice() {
         min_age: std::time::Duration::ZERO,
         ..CompactOptions::default()
     };
-    let mut lease = compact::Lease::acquire(
-        &store,
-        "test",
-        std::time::Duration::from_secs(60),
-        Default::default(),
-    )
-    .await
-    .expect("lease");
+    let mut lease = lease(&store).await;
     let report = compact::compact(&store, NOW + 3_600_000_000, &options, &mut lease)
         .await
         .expect("compaction");
@@ -900,14 +893,7 @@ async fn an_hour_too_large_for_one_file_loses_every_duplicate() {
         max_file_rows: 100,
         ..CompactOptions::default()
     };
-    let mut lease = compact::Lease::acquire(
-        &store,
-        "test",
-        std::time::Duration::from_secs(60),
-        Default::default(),
-    )
-    .await
-    .expect("lease");
+    let mut lease = lease(&store).await;
     let report = compact::compact(&store, NOW + 7_200_000_000, &options, &mut lease)
         .await
         .expect("compaction");
@@ -956,4 +942,16 @@ async fn an_hour_too_large_for_one_file_loses_every_duplicate() {
         };
         assert_eq!(temperature, expected, "tick {t}");
     }
+}
+
+/// The store's compaction lease, for a test's own compaction.
+async fn lease(store: &gputel_collector::store::Store) -> gputel_collector::compact::Lease {
+    gputel_collector::compact::Lease::acquire(
+        store,
+        "test",
+        std::time::Duration::from_secs(60),
+        Default::default(),
+    )
+    .await
+    .expect("the lease of a store nobody else compacts")
 }

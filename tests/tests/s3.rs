@@ -423,41 +423,29 @@ fn one_collector_at_a_time_compacts_a_shared_bucket() {
         &every_second,
     );
     let start = closed_hour();
-    for (addr, prefix, now_prefix) in [(&addr_a, "a-", "a-now-"), (&addr_b, "b-", "b-now-")] {
-        run_loadgen(
-            addr,
-            "120s",
-            &[
-                "--agents",
-                "2",
-                "--gpus",
-                "8",
-                "--ticks",
-                "30",
-                "--interval-ms",
-                "1000",
-                "--node-prefix",
-                now_prefix,
-            ],
-        );
-        run_loadgen(
-            addr,
-            "120s",
-            &[
-                "--agents",
-                "2",
-                "--gpus",
-                "8",
-                "--ticks",
-                "30",
-                "--interval-ms",
-                "1000",
-                "--start-ts",
-                &start,
-                "--node-prefix",
-                prefix,
-            ],
-        );
+    // Through each collector: rows of the current hour and of a closed one.
+    for (addr, prefix, start) in [
+        (&addr_a, "a-now-", None),
+        (&addr_a, "a-", Some(&start)),
+        (&addr_b, "b-now-", None),
+        (&addr_b, "b-", Some(&start)),
+    ] {
+        let mut args = vec![
+            "--agents",
+            "2",
+            "--gpus",
+            "8",
+            "--ticks",
+            "30",
+            "--interval-ms",
+            "1000",
+            "--node-prefix",
+            prefix,
+        ];
+        if let Some(start) = start {
+            args.extend(["--start-ts", start.as_str()]);
+        }
+        run_loadgen(addr, "120s", &args);
     }
     // Both collectors' files of the closed hour are merged by a, the holder,
     // into one file per table.

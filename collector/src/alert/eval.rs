@@ -416,14 +416,8 @@ impl Evaluator {
     /// transition. Returns the keys of those that were firing.
     pub fn node_moved(&mut self, node: &str) -> Vec<AlertKey> {
         self.silent.remove(node);
-        let keys: Vec<AlertKey> = self
-            .states
-            .keys()
-            .filter(|k| k.node == node)
-            .cloned()
-            .collect();
         let mut firing = Vec::new();
-        for key in keys {
+        for key in self.keys_of(node) {
             if let Some(tracked) = self.states.remove(&key)
                 && matches!(tracked.tracker.phase, Phase::Firing { .. })
             {
@@ -431,6 +425,15 @@ impl Evaluator {
             }
         }
         firing
+    }
+
+    /// The keys of `node`'s alerts, pending and firing.
+    fn keys_of(&self, node: &str) -> Vec<AlertKey> {
+        self.states
+            .keys()
+            .filter(|k| k.node == node)
+            .cloned()
+            .collect()
     }
 
     /// `node` was silent for a week and is no longer watched: its `up`
@@ -447,14 +450,8 @@ impl Evaluator {
         value: f64,
         why: Option<&'static str>,
     ) -> Vec<Transition> {
-        let keys: Vec<AlertKey> = self
-            .states
-            .keys()
-            .filter(|k| k.node == node)
-            .cloned()
-            .collect();
         let mut out = Vec::new();
-        for key in keys {
+        for key in self.keys_of(node) {
             let Some(rule) = self.rule(&key.rule).filter(|r| r.metric == Metric::Up) else {
                 continue;
             };
