@@ -244,16 +244,24 @@ fn two_collectors_share_a_bucket_and_import_jobs_writes_there() {
 
     let local = tmp.path().join("downloaded");
     let keys = s3.download(PREFIX, &local);
-    // Nothing outside the prefix, nothing but Parquet files inside it, and
-    // the compaction lease one of the two took, given up at its stop.
+    // Nothing outside the prefix, nothing but Parquet files inside it, but
+    // under _gputel/: the compaction lease one of the two took, given up at
+    // its stop, and each collector's list of the nodes it streams, emptied
+    // at its stop.
     assert_eq!(s3.keys("").len(), keys.len());
-    let lease_key = format!("{PREFIX}/_gputel/compaction.lease");
-    let (lease, keys): (Vec<String>, Vec<String>) = keys.into_iter().partition(|k| *k == lease_key);
-    assert_eq!(lease, [lease_key]);
-    let lease: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(local.join("_gputel/compaction.lease")).unwrap())
-            .expect("the lease is JSON");
+    let (ours, keys): (Vec<String>, Vec<String>) = keys
+        .into_iter()
+        .partition(|k| k.starts_with(&format!("{PREFIX}/_gputel/")));
+    let read = |rel: &str| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(local.join(rel)).unwrap()).expect("JSON")
+    };
+    assert_eq!(ours.len(), 3, "{ours:?}");
+    let lease = read("_gputel/compaction.lease");
     assert_eq!(lease["expires_us"], json!(0), "{lease}");
+    for key in ours.iter().filter(|k| k.contains("/_gputel/sessions/")) {
+        let list = read(key.strip_prefix(&format!("{PREFIX}/")).unwrap());
+        assert_eq!(list["nodes"], json!([]), "{list}");
+    }
     assert!(keys.iter().all(|k| k.ends_with(".parquet")), "{keys:?}");
     // Each collector's files carry its own id: the two sets do not meet.
     let gpu_stems: Vec<&str> = keys
