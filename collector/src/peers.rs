@@ -41,6 +41,9 @@ pub const PUBLISH_INTERVAL: Duration = Duration::from_secs(10);
 pub const FRESH: Duration = Duration::from_secs(60);
 /// Lists read within this long are not read again.
 const REFRESH: Duration = Duration::from_secs(5);
+/// Longest the node watch waits for the lists: a slow store must not hold
+/// up the silence of every other node.
+const READ_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// One collector's list.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -97,10 +100,16 @@ impl Peers {
         let mut read = self.read.lock().await;
         let stale = read.as_ref().is_none_or(|(at, _)| at.elapsed() >= REFRESH);
         if stale {
-            match self.read_lists().await {
-                Ok(lists) => *read = Some((Instant::now(), lists)),
-                Err(e) => {
+            match tokio::time::timeout(READ_TIMEOUT, self.read_lists()).await {
+                Ok(Ok(lists)) => *read = Some((Instant::now(), lists)),
+                Ok(Err(e)) => {
                     warn!(error = %e, "cannot read the other collectors' node lists; quiet nodes count as silent");
+                    return HashMap::new();
+                }
+                Err(_) => {
+                    warn!(
+                        "the other collectors' node lists took over {READ_TIMEOUT:?} to read; quiet nodes count as silent"
+                    );
                     return HashMap::new();
                 }
             }
