@@ -569,31 +569,31 @@ struct Generated(AtomicU64);
 pub async fn run(plan: Plan) -> Result<Summary, RunError> {
     // Fail in words, at once, when nothing listens (the client would retry forever).
     let mut collectors = Collectors::new(&plan.collectors, None, "").expect("checked by Plan::new");
-    let mut unreachable = None;
-    while let Some(candidate) = collectors.next().await {
+    let mut last = RunError::Unreachable {
+        url: collectors.urls(),
+        reason: "no address resolves".to_owned(),
+    };
+    loop {
+        let Some(candidate) = collectors.next().await else {
+            return Err(last);
+        };
         match tokio::time::timeout(CONNECT_TIMEOUT, candidate.endpoint.connect()).await {
-            Ok(Ok(_channel)) => {
-                unreachable = None;
-                break;
-            }
+            Ok(Ok(_channel)) => break,
             Ok(Err(e)) => {
-                unreachable = Some(RunError::Unreachable {
+                last = RunError::Unreachable {
                     url: candidate.name,
                     reason: causes(&e),
-                })
+                }
             }
             Err(_) => {
-                unreachable = Some(RunError::ConnectTimeout {
+                last = RunError::ConnectTimeout {
                     url: candidate.name,
-                })
+                }
             }
         }
         if collectors.failed() {
-            break;
+            return Err(last);
         }
-    }
-    if let Some(e) = unreachable {
-        return Err(e);
     }
     info!(
         collector = %plan.collectors.join(","),
