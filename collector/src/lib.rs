@@ -219,10 +219,7 @@ async fn maintain(
                     info!(holder, ttl = ?ttl, "took the compaction lease: this collector maintains the store");
                     lease
                 }
-                Err(
-                    e
-                    @ (compact::LeaseError::Held { .. } | compact::LeaseError::HeldLocally { .. }),
-                ) => {
+                Err(e) if e.is_held() => {
                     debug!(reason = %e, "not compacting");
                     continue;
                 }
@@ -395,9 +392,8 @@ pub async fn serve(
     ));
     let publishing =
         tokio::spawn(Arc::clone(&peers).run(Arc::clone(&shared), stop_flush_rx.clone()));
-    let watching = tokio::spawn(
-        Arc::clone(&shared).run_node_watch(stop_flush_rx.clone(), Some(Arc::clone(&peers))),
-    );
+    let watching =
+        tokio::spawn(Arc::clone(&shared).run_node_watch(stop_flush_rx.clone(), Arc::clone(&peers)));
     let flushing = tokio::spawn(flusher.run(options.flush_interval, stop_flush_rx));
 
     let require_identity = options.tls.is_some();

@@ -130,18 +130,17 @@ async fn compact(args: Compact) -> anyhow::Result<()> {
     let store = store::open_store(&store_spec, &s3)?;
     let options = (!args.retention_only).then_some(&options);
     let holder = compact::holder_name(&format!("compact[{}]", std::process::id()));
-    let mut lease = match compact::Lease::acquire(&store, &holder, COMPACT_LEASE_TTL, Clock::System)
-        .await
-    {
-        Ok(lease) => lease,
-        Err(e @ (compact::LeaseError::Held { .. } | compact::LeaseError::HeldLocally { .. })) => {
-            println!("nothing done in {store_spec}: {e}");
-            return Ok(());
-        }
-        Err(e) => {
-            return Err(e).with_context(|| format!("maintenance of {store_spec} stopped"));
-        }
-    };
+    let mut lease =
+        match compact::Lease::acquire(&store, &holder, COMPACT_LEASE_TTL, Clock::System).await {
+            Ok(lease) => lease,
+            Err(e) if e.is_held() => {
+                println!("nothing done in {store_spec}: {e}");
+                return Ok(());
+            }
+            Err(e) => {
+                return Err(e).with_context(|| format!("maintenance of {store_spec} stopped"));
+            }
+        };
     let round = compact::maintain(
         &store,
         Clock::System.now_us(),

@@ -239,6 +239,17 @@ fn threshold_us(silence_after_us: i64, node: &NodeState) -> i64 {
     interval.saturating_mul(INTERVALS).max(silence_after_us)
 }
 
+/// Whether `node`, not silent yet, has gone without a batch for its
+/// threshold (and past its start grace) at `now_us`.
+fn is_due(silence_after_us: i64, node: &NodeState, now_us: i64) -> bool {
+    node.silent_since_us.is_none()
+        && now_us
+            >= node
+                .last_heard_us
+                .saturating_add(threshold_us(silence_after_us, node))
+                .max(node.grace_until_us)
+}
+
 /// Every node the collector has heard from, and which of them are silent.
 #[derive(Debug)]
 pub struct NodeWatch {
@@ -388,11 +399,29 @@ impl NodeWatch {
             .collect()
     }
 
-    /// Stops watching `node`: it streams to another collector now.
-    pub fn forget(&mut self, node: &str) {
-        if self.nodes.remove(node).is_some() {
+    /// The nodes [`NodeWatch::check`] would find silent at `now_us`; nothing
+    /// changes.
+    pub fn due(&self, now_us: i64) -> Vec<String> {
+        self.nodes
+            .iter()
+            .filter(|(_, node)| is_due(self.silence_after_us, node, now_us))
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
+    /// Stops watching `node`, which streams to another collector now,
+    /// unless it was heard from since it was [`NodeWatch::due`]: true when
+    /// it is forgotten.
+    pub fn forget_if_due(&mut self, node: &str, now_us: i64) -> bool {
+        let due = self
+            .nodes
+            .get(node)
+            .is_some_and(|state| is_due(self.silence_after_us, state, now_us));
+        if due {
+            self.nodes.remove(node);
             self.dirty = true;
         }
+        due
     }
 
     /// What changed by `now_us`: nodes that passed their threshold without
@@ -407,12 +436,8 @@ impl NodeWatch {
                 }
                 continue;
             }
-            let threshold = threshold_us(self.silence_after_us, node);
-            let due = node
-                .last_heard_us
-                .saturating_add(threshold)
-                .max(node.grace_until_us);
-            if now_us >= due {
+            if is_due(self.silence_after_us, node, now_us) {
+                let threshold = threshold_us(self.silence_after_us, node);
                 node.silent_since_us = Some(now_us);
                 changes.push(NodeChange::Silent(Silence {
                     node: name.clone(),
@@ -841,6 +866,26 @@ mod tests {
         );
         assert_eq!(watch.event(&changes[0]), None);
         assert!(watch.nodes().is_empty());
+    }
+
+    #[test]
+    fn a_due_node_is_forgotten_only_while_still_due() {
+        let mut watch = NodeWatch::new(Duration::from_secs(30));
+        steady(&mut watch, "a", 1.0, 5, 0.0);
+        steady(&mut watch, "b", 1.0, 5, 0.0);
+        // Last heard at 4 s, 30 s threshold: due from 34 s, and nothing changed by asking.
+        assert!(watch.due(T0 + 33 * S).is_empty());
+        let mut due = watch.due(T0 + 34 * S);
+        due.sort();
+        assert_eq!(due, ["a", "b"]);
+        // b is heard from again before it is forgotten: kept.
+        watch.heard("b", Some(&tick(34.0, &["4242"])), T0 + 34 * S);
+        assert!(watch.forget_if_due("a", T0 + 34 * S));
+        assert!(!watch.forget_if_due("b", T0 + 34 * S));
+        assert_eq!(watch.nodes().keys().collect::<Vec<_>>(), ["b"]);
+        // A silent node is no longer due.
+        assert_eq!(watch.check(T0 + 70 * S).len(), 1);
+        assert!(watch.due(T0 + 70 * S).is_empty());
     }
 
     #[test]

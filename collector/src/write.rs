@@ -545,7 +545,7 @@ impl WritePath {
     pub async fn run_node_watch(
         self: Arc<Self>,
         mut stop: watch::Receiver<bool>,
-        peers: Option<Arc<Peers>>,
+        peers: Arc<Peers>,
     ) {
         let Some(silence) = self.silence.get() else {
             return;
@@ -560,6 +560,7 @@ impl WritePath {
                 () = stopped(&mut stop) => break,
                 _ = check.tick() => {
                     let now_us = self.clock.now_us();
+                    let moved = self.moved_elsewhere(silence, &peers, now_us).await;
                     let found = {
                         let mut watch = lock(&silence.watch);
                         let changes = watch.check(now_us);
@@ -571,10 +572,7 @@ impl WritePath {
                             })
                             .collect::<Vec<_>>()
                     };
-                    let found = match &peers {
-                        Some(peers) => self.moved_elsewhere(silence, peers, found).await,
-                        None => found,
-                    };
+                    let found: Vec<_> = moved.into_iter().map(|c| (c, None)).chain(found).collect();
                     let changed = !found.is_empty() || lock(&silence.watch).has_new_nodes();
                     for (change, event) in found {
                         self.node_changed(silence, change, event);
@@ -595,45 +593,28 @@ impl WritePath {
         self.save_node_watch(silence).await;
     }
 
-    /// Of the nodes just found silent, those another collector streams
-    /// become [`NodeChange::Moved`] (no event) and are no longer watched.
+    /// Of the nodes due to fall silent at `now_us`, those another collector
+    /// streams have moved there: they are no longer watched here, and
+    /// become [`NodeChange::Moved`] (no event). Asked before the watch marks
+    /// any node silent, so that no batch arriving during the lookup can
+    /// announce a node back before its silence; a node heard from meanwhile
+    /// is kept.
     async fn moved_elsewhere(
         &self,
         silence: &Silence,
         peers: &Peers,
-        found: Vec<(NodeChange, Option<NodeEvent>)>,
-    ) -> Vec<(NodeChange, Option<NodeEvent>)> {
-        let quiet: Vec<String> = found
-            .iter()
-            .filter_map(|(c, _)| match c {
-                NodeChange::Silent(s) if !s.restored => Some(s.node.clone()),
-                _ => None,
-            })
-            .collect();
-        if quiet.is_empty() {
-            return found;
+        now_us: i64,
+    ) -> Vec<NodeChange> {
+        let due = lock(&silence.watch).due(now_us);
+        if due.is_empty() {
+            return Vec::new();
         }
-        let elsewhere = peers.elsewhere(&quiet).await;
-        if elsewhere.is_empty() {
-            return found;
-        }
+        let elsewhere = peers.elsewhere(&due).await;
         let mut watch = lock(&silence.watch);
-        found
+        elsewhere
             .into_iter()
-            .map(|(change, event)| match elsewhere.get(change.node()) {
-                Some(to) if matches!(&change, NodeChange::Silent(s) if !s.restored) => {
-                    let node = change.node().to_owned();
-                    watch.forget(&node);
-                    (
-                        NodeChange::Moved {
-                            node,
-                            to: to.clone(),
-                        },
-                        None,
-                    )
-                }
-                _ => (change, event),
-            })
+            .filter(|(node, _)| watch.forget_if_due(node, now_us))
+            .map(|(node, to)| NodeChange::Moved { node, to })
             .collect()
     }
 

@@ -90,6 +90,16 @@ pub enum LeaseError {
     },
 }
 
+impl LeaseError {
+    /// Another compactor holds the lease: not a failure, someone else's turn.
+    pub fn is_held(&self) -> bool {
+        matches!(
+            self,
+            LeaseError::Held { .. } | LeaseError::HeldLocally { .. }
+        )
+    }
+}
+
 /// A held compaction lease.
 #[derive(Debug)]
 pub struct Lease {
