@@ -28,6 +28,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ".gputel.v1.GpuSample.profiling_source",
         "#[serde(serialize_with = \"crate::serialize_profiling_source\")]",
     );
+    // Labels in key order, so that a row's map is the same every time.
+    config = config.btree_map(".gputel.v1.GpuSample.pod_labels");
     // The collector's server is generated below with its own codec; agents
     // use this client.
     config.build_server(false).compile_fds(descriptors)?;
@@ -51,5 +53,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_build::manual::Builder::new()
         .build_client(false)
         .compile(&[service]);
+
+    // The kubelet's pod-resources API: the agent's client, and the server
+    // the tests' fake kubelet serves.
+    let kubelet = "kubelet/podresources/v1/api.proto";
+    println!("cargo:rerun-if-changed={kubelet}");
+    let descriptors = protox::compile([kubelet], ["."])?;
+    tonic_prost_build::configure()
+        .build_server(true)
+        .compile_fds(descriptors)?;
     Ok(())
 }

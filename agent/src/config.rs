@@ -132,6 +132,23 @@ pub struct Settings {
     /// the jobs found from the GPUs' processes [default: none].
     #[arg(long, value_name = "DIR")]
     pub hpc_job_mapping_dir: Option<PathBuf>,
+    /// The kubelet's pod-resources socket, asked at every process listing
+    /// which pod and container each GPU is allocated to; where it does not
+    /// exist (not a Kubernetes node), pods are found from cgroups alone
+    /// [default: /var/lib/kubelet/pod-resources/kubelet.sock].
+    #[arg(long, value_name = "PATH")]
+    pub kubelet_socket: Option<PathBuf>,
+    /// A pod label to keep in the gpu table's pod_labels column (e.g. team,
+    /// or app.kubernetes.io/name); repeat the flag or separate keys with
+    /// commas. The agent then lists its node's pods from the API server,
+    /// with the pod's service account (it needs get and list on pods)
+    /// [default: none].
+    #[arg(long, value_name = "KEY", value_delimiter = ',')]
+    pub pod_label: Option<Vec<String>>,
+    /// The API server to read pod labels from [default: in a pod, the
+    /// cluster's own: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT].
+    #[arg(long, value_name = "URL")]
+    pub kube_api_server: Option<String>,
     /// PEM CA that signs the collector's certificate (with an https:// collector).
     #[arg(long, value_name = "FILE")]
     pub tls_ca: Option<PathBuf>,
@@ -186,6 +203,9 @@ impl Settings {
             process_interval: self.process_interval.or(other.process_interval),
             slow_read_interval: self.slow_read_interval.or(other.slow_read_interval),
             hpc_job_mapping_dir: self.hpc_job_mapping_dir.or(other.hpc_job_mapping_dir),
+            kubelet_socket: self.kubelet_socket.or(other.kubelet_socket),
+            pod_label: self.pod_label.or(other.pod_label),
+            kube_api_server: self.kube_api_server.or(other.kube_api_server),
             log: self.log.or(other.log),
             metrics_listen: self.metrics_listen.or(other.metrics_listen),
             metrics_hostname_label: self.metrics_hostname_label.or(other.metrics_hostname_label),
@@ -237,6 +257,10 @@ pub struct Config {
     pub process_interval: Duration,
     pub slow_read_interval: Duration,
     pub hpc_job_mapping_dir: Option<PathBuf>,
+    pub kubelet_socket: PathBuf,
+    /// Pod labels kept; none: the API server is never asked.
+    pub pod_labels: Vec<String>,
+    pub kube_api_server: Option<String>,
     pub log: String,
     /// Where to serve `/metrics`; None: not served.
     pub metrics_listen: Option<SocketAddr>,
@@ -313,6 +337,11 @@ impl Config {
             process_interval: s.process_interval.unwrap_or(Duration::from_secs(10)),
             slow_read_interval: s.slow_read_interval.unwrap_or(Duration::from_secs(10)),
             hpc_job_mapping_dir: s.hpc_job_mapping_dir,
+            kubelet_socket: s
+                .kubelet_socket
+                .unwrap_or_else(|| PathBuf::from(crate::kube::DEFAULT_KUBELET_SOCKET)),
+            pod_labels: s.pod_label.unwrap_or_default(),
+            kube_api_server: s.kube_api_server,
             log: s.log.unwrap_or_else(|| "info".to_owned()),
             metrics_listen: s.metrics_listen,
             metrics_hostname_label: s.metrics_hostname_label.unwrap_or_default(),
@@ -367,6 +396,15 @@ impl Config {
             return Err(ConfigError::Invalid(
                 "max-pending-batches must be above zero".into(),
             ));
+        }
+        if let Some(key) = config
+            .pod_labels
+            .iter()
+            .find(|key| key.is_empty() || key.len() > 256 || key.chars().any(char::is_control))
+        {
+            return Err(ConfigError::Invalid(format!(
+                "pod-label {key:?} is not a label key: use 1 to 256 printable characters"
+            )));
         }
         let node_ok = !config.node.is_empty()
             && config.node.len() <= 253

@@ -10,6 +10,10 @@
 //!    with the systemd driver, `…/pod<uid>/…` with cgroupfs);
 //! 3. `SLURM_JOB_ID` in `/proc/<pid>/environ`.
 //!
+//! On Kubernetes, the kubelet's pod-resources API ([`crate::kube`]) names the
+//! pod, namespace and container each GPU is allocated to; cgroups still give
+//! `pod_uid` where a GPU's processes run in a pod.
+//!
 //! Processes are listed at the slower process cadence, so a GPU's jobs are
 //! those of its last listing. A process that ended between NVML's listing and
 //! the /proc read is normal and simply contributes nothing.
@@ -30,6 +34,8 @@ use std::path::{Path, PathBuf};
 
 use gputel_proto::Batch;
 use tracing::debug;
+
+use crate::kube::PodsRx;
 
 /// What owns one process.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -56,6 +62,8 @@ pub struct JobAttributor {
     mapping_dir: Option<PathBuf>,
     /// From the last process listing, by GPU and MIG device.
     from_processes: HashMap<RowKey, GpuJobs>,
+    /// The kubelet's latest GPU allocations, on Kubernetes nodes.
+    pods: Option<PodsRx>,
 }
 
 impl JobAttributor {
@@ -64,7 +72,15 @@ impl JobAttributor {
             procfs_root: procfs_root.into(),
             mapping_dir,
             from_processes: HashMap::new(),
+            pods: None,
         }
+    }
+
+    /// Also stamps the pods the kubelet allocated each GPU to, as `pods`
+    /// last published them.
+    pub fn with_pods(mut self, pods: PodsRx) -> Self {
+        self.pods = Some(pods);
+        self
     }
 
     /// Fills the job columns of a tick's rows. `processes_listed` says whether
@@ -142,6 +158,11 @@ impl JobAttributor {
         }
         for node in &mut batch.node {
             node.jobs = node_jobs.iter().cloned().collect();
+        }
+        if let Some(pods) = &self.pods
+            && let Some(devices) = pods.borrow().as_deref()
+        {
+            devices.stamp(&mut batch.gpu);
         }
     }
 }

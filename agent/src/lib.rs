@@ -5,7 +5,8 @@
 //! Data flow: [`sampler`] (one file per source) → [`sampling`] (the tick loop,
 //! on its own thread) → [`client`] (queue, stream, acknowledgements); the
 //! latest tick also goes to [`metrics`], the local Prometheus endpoint.
-//! [`systemd`] tells the service manager when the agent is ready and pets
+//! [`jobs`] and [`kube`] attribute GPU rows to scheduler jobs and
+//! Kubernetes pods. [`systemd`] tells the service manager when the agent is ready and pets
 //! its watchdog while the sampling loop makes progress.
 
 pub mod client;
@@ -13,6 +14,7 @@ pub mod clock;
 pub mod collectors;
 pub mod config;
 pub mod jobs;
+pub mod kube;
 pub mod metrics;
 mod run;
 pub mod sampler;

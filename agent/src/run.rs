@@ -13,6 +13,7 @@ use tracing::{error, info, warn};
 use crate::client::{self, Delivery, Identity};
 use crate::collectors::{Collectors, CollectorsError};
 use crate::config::Config;
+use crate::kube::{self, KubeOptions};
 use crate::metrics::{self, Metrics};
 use crate::sampling::{self, Gpus, Samplers};
 use crate::spool::{Spool, SpoolError};
@@ -105,6 +106,30 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<Summary, RunError> {
     let samplers = Samplers::open(&config);
+    // On a Kubernetes node, the kubelet says which pod holds each GPU.
+    let (samplers, pod_watch) = match samplers.gpus() {
+        Gpus::Sampled { .. } => {
+            let (tx, rx) = tokio::sync::watch::channel(None);
+            let options = KubeOptions {
+                socket: config.kubelet_socket.clone(),
+                every: config.process_interval,
+                node: config.node.clone(),
+                labels: config.pod_labels.clone(),
+                api_server: config.kube_api_server.clone(),
+                service_account_dir: kube::SERVICE_ACCOUNT_DIR.into(),
+            };
+            let socket_exists = options.socket.exists();
+            let watch = tokio::spawn(kube::watch_pods(options, tx));
+            // The first rows already name their pods: wait (a little) for
+            // the kubelet's first answer.
+            if socket_exists {
+                let mut first = rx.clone();
+                let _ = tokio::time::timeout(kube::FIRST_ANSWER_WAIT, first.changed()).await;
+            }
+            (samplers.with_pods(rx), Some(watch))
+        }
+        Gpus::Unavailable(_) | Gpus::Disabled => (samplers, None),
+    };
     let tls = match &config.tls {
         Some(tls) => {
             let read = |path: &std::path::Path| {
@@ -276,6 +301,9 @@ pub async fn run(
         delivery.map_err(RunError::Delivery)?
     };
     let ticks = sampler.join().map_err(|_| RunError::SamplerPanicked)?;
+    if let Some(pod_watch) = pod_watch {
+        pod_watch.abort();
+    }
     Ok(Summary { ticks, delivery })
 }
 

@@ -14,6 +14,7 @@ use tracing::{debug, info, warn};
 use crate::clock::{next_tick, now_us};
 use crate::config::Config;
 use crate::jobs::JobAttributor;
+use crate::kube::PodsRx;
 use crate::sampler::dcgm::DcgmOptions;
 use crate::sampler::gpu::{GpuOptions, GpuSampler};
 use crate::sampler::ib::IbSampler;
@@ -119,6 +120,13 @@ impl Samplers {
             ib: enabled(Source::Ib),
             reported: HashSet::new(),
         }
+    }
+
+    /// Stamps the GPU rows with the pods the kubelet allocated them to, as
+    /// `pods` last published them.
+    pub fn with_pods(mut self, pods: PodsRx) -> Self {
+        self.jobs = self.jobs.with_pods(pods);
+        self
     }
 
     /// What became of the GPU source.

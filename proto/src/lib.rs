@@ -14,6 +14,13 @@ pub mod v1 {
 
 pub mod wire;
 
+/// The kubelet's pod-resources API (`proto/kubelet/podresources/v1/api.proto`):
+/// which pod and container each device on the node is allocated to.
+#[allow(missing_debug_implementations, clippy::all, clippy::unwrap_used)]
+pub mod podresources {
+    include!(concat!(env!("OUT_DIR"), "/v1.rs"));
+}
+
 pub use v1::{
     AgentMessage, AlertRow, Batch, CollectorMessage, EventKind, GpuEvent, GpuProcess, GpuSample,
     Hello, IbPortSample, NodeEvent, NodeSample, ProfilingSource, WalRecord, WalState,

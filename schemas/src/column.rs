@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use arrow_array::builder::{
     ArrayBuilder, BooleanBuilder, Float32Builder, Float64Builder, Int32Builder, Int64Builder,
-    ListBuilder, PrimitiveBuilder, StringBuilder, StringDictionaryBuilder,
-    TimestampMicrosecondBuilder,
+    ListBuilder, MapBuilder, MapFieldNames, PrimitiveBuilder, StringBuilder,
+    StringDictionaryBuilder, TimestampMicrosecondBuilder,
 };
 use arrow_array::types::Int32Type;
 use arrow_array::{ArrayRef, ArrowPrimitiveType, new_null_array};
@@ -20,6 +20,8 @@ use gputel_proto::{EventKind, ProfilingSource};
 pub const MAX_VALUE_BYTES: usize = 256;
 /// Longest free text accepted (an event's detail).
 pub const MAX_DETAIL_BYTES: usize = 1024;
+/// Most entries accepted in one row's map (a pod's kept labels).
+pub const MAX_MAP_ENTRIES: usize = 64;
 /// Earliest accepted sample time: 2000-01-01T00:00:00Z. Older means a dead RTC.
 pub const MIN_TS_US: i64 = 946_684_800_000_000;
 /// How far ahead of the collector's clock a sample may be: one day.
@@ -346,6 +348,82 @@ impl ColumnKind for LabelList {
         builder.0.append(true);
     }
     fn finish(builder: &mut LabelListBuilder) -> ArrayRef {
+        Arc::new(builder.0.finish())
+    }
+}
+
+/// String keys to string values, null where the map is empty (a pod's
+/// kept labels): DuckDB reads it as `MAP(VARCHAR, VARCHAR)` and Spark as
+/// `map<string,string>`, and both address a key as `column['key']`.
+#[derive(Debug)]
+pub enum LabelMap {}
+
+/// Builds [`LabelMap`] columns.
+#[derive(Debug)]
+pub struct LabelMapBuilder(MapBuilder<StringBuilder, StringBuilder>);
+
+impl Default for LabelMapBuilder {
+    fn default() -> Self {
+        LabelMapBuilder(MapBuilder::new(
+            Some(map_field_names()),
+            StringBuilder::new(),
+            StringBuilder::new(),
+        ))
+    }
+}
+
+/// The names Parquet's MAP logical type gives a map's parts.
+fn map_field_names() -> MapFieldNames {
+    MapFieldNames {
+        entry: "key_value".into(),
+        key: "key".into(),
+        value: "value".into(),
+    }
+}
+
+impl ColumnKind for LabelMap {
+    type Value<'a> = &'a std::collections::BTreeMap<String, String>;
+    type Builder = LabelMapBuilder;
+    fn field(name: &'static str) -> Field {
+        let names = map_field_names();
+        let entries = Field::new(
+            names.entry,
+            DataType::Struct(
+                vec![
+                    Field::new(names.key, DataType::Utf8, false),
+                    Field::new(names.value, DataType::Utf8, true),
+                ]
+                .into(),
+            ),
+            false,
+        );
+        Field::new(name, DataType::Map(Arc::new(entries), false), true)
+    }
+    fn check(
+        row: RowContext,
+        name: &'static str,
+        v: &std::collections::BTreeMap<String, String>,
+    ) -> Result<(), ColumnError> {
+        if v.len() > MAX_MAP_ENTRIES {
+            return Err(row.fail(name, "a map of more than 64 entries"));
+        }
+        v.iter().try_for_each(|(key, value)| {
+            if key.is_empty() {
+                return Err(row.fail(name, "a map with an empty key"));
+            }
+            row.text(name, key, MAX_VALUE_BYTES)?;
+            row.text(name, value, MAX_VALUE_BYTES)
+        })
+    }
+    fn put(builder: &mut LabelMapBuilder, v: &std::collections::BTreeMap<String, String>) {
+        for (key, value) in v {
+            builder.0.keys().append_value(key);
+            builder.0.values().append_value(value);
+        }
+        // Building into a field declared above cannot fail.
+        let _ = builder.0.append(!v.is_empty());
+    }
+    fn finish(builder: &mut LabelMapBuilder) -> ArrayRef {
         Arc::new(builder.0.finish())
     }
 }

@@ -9,9 +9,9 @@ use gputel_proto::{
 };
 
 use crate::column::{
-    ColumnError, ColumnKind, EventKindName, EventScope, I64, Label, LabelList, OptBool, OptF64,
-    OptLabel, OptNonNegF32, OptNonNegF64, OptProfilingSourceName, OptU32, OptU32Wide, OptU64,
-    OtherTimestamp, RowContext, Text, Timestamp, U32, U64, flag,
+    ColumnError, ColumnKind, EventKindName, EventScope, I64, Label, LabelList, LabelMap, OptBool,
+    OptF64, OptLabel, OptNonNegF32, OptNonNegF64, OptProfilingSourceName, OptU32, OptU32Wide,
+    OptU64, OtherTimestamp, RowContext, Text, Timestamp, U32, U64, flag,
 };
 
 /// Column names shared by several tables.
@@ -269,6 +269,10 @@ table!(
         pcie_link_width_max: OptU32 = s.pcie_link_width_max,
         fan_speed_pct: OptU32 = s.fan_speed_pct,
         performance_state: OptU32 = s.performance_state,
+        pod_namespace: OptLabel = s.pod_namespace.as_deref(),
+        pod_name: OptLabel = s.pod_name.as_deref(),
+        container: OptLabel = s.container.as_deref(),
+        pod_labels: LabelMap = &s.pod_labels,
     }
 );
 

@@ -1,0 +1,377 @@
+//! Kubernetes attribution end to end: a fake kubelet serves the published
+//! pod-resources API (proto/kubelet/podresources/v1/api.proto) on a Unix
+//! socket, a fake API server lists the node's pods with their labels, and
+//! every gpu row names the pod, namespace and container the kubelet
+//! allocated its GPU (or MIG device) to, with the labels chosen by
+//! `--pod-label`, through the whole pipeline to DuckDB.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use gputel_proto::podresources::pod_resources_lister_server::{
+    PodResourcesLister, PodResourcesListerServer,
+};
+use gputel_proto::podresources::{
+    AllocatableResourcesRequest, AllocatableResourcesResponse, ContainerDevices,
+    ContainerResources, GetPodResourcesRequest, GetPodResourcesResponse, ListPodResourcesRequest,
+    ListPodResourcesResponse, PodResources,
+};
+use gputel_tests::{duckdb, run_scenario_pipeline, table_scan};
+use serde_json::{Value, json};
+use tonic::{Request, Response, Status};
+
+/// An A100 in MIG mode with two MIG devices, and three H100s.
+const SCENARIO: &str = r#"
+[[gpu]]
+name = "NVIDIA A100-SXM4-40GB"
+uuid = "GPU-a100a100-0000-4000-8000-000000000000"
+gpm = false
+mig_mode = 1
+
+[[gpu.mig]]
+gpu_instance_id = 1
+profile = "3g.20gb"
+uuid = "MIG-11111111-2222-5333-8444-555555555555"
+fb_total_bytes = 20937965568
+
+[[gpu.mig]]
+gpu_instance_id = 2
+profile = "3g.20gb"
+uuid = "MIG-66666666-7777-5888-8999-aaaaaaaaaaaa"
+fb_total_bytes = 20937965568
+
+[[gpu]]
+name = "NVIDIA H100 80GB HBM3"
+uuid = "GPU-4100b100-0000-4000-8000-000000000001"
+
+[[gpu]]
+name = "NVIDIA H100 80GB HBM3"
+uuid = "GPU-4100b100-0000-4000-8000-000000000002"
+
+[[gpu]]
+name = "NVIDIA H100 80GB HBM3"
+uuid = "GPU-4100b100-0000-4000-8000-000000000003"
+"#;
+
+const TICKS: u64 = 8;
+const NODE: &str = "gpu-node-017";
+
+fn devices(resource: &str, ids: &[&str]) -> ContainerDevices {
+    ContainerDevices {
+        resource_name: resource.to_owned(),
+        device_ids: ids.iter().map(|id| (*id).to_owned()).collect(),
+        topology: None,
+    }
+}
+
+fn pod(namespace: &str, name: &str, containers: &[(&str, ContainerDevices)]) -> PodResources {
+    PodResources {
+        name: name.to_owned(),
+        namespace: namespace.to_owned(),
+        containers: containers
+            .iter()
+            .map(|(name, devices)| ContainerResources {
+                name: (*name).to_owned(),
+                devices: vec![devices.clone()],
+                ..ContainerResources::default()
+            })
+            .collect(),
+        ..PodResources::default()
+    }
+}
+
+/// A kubelet's pod-resources service with a fixed allocation; counts calls.
+#[derive(Debug, Default, Clone)]
+struct FakeKubelet {
+    calls: Arc<Mutex<BTreeMap<&'static str, u32>>>,
+}
+
+impl FakeKubelet {
+    fn count(&self, call: &'static str) {
+        *self.calls.lock().expect("lock").entry(call).or_default() += 1;
+    }
+
+    fn pods() -> Vec<PodResources> {
+        vec![
+            // GPU 1 by UUID; the pod's sidecar holds a device of another plugin.
+            pod(
+                "train",
+                "llama-0",
+                &[
+                    (
+                        "trainer",
+                        devices(
+                            "nvidia.com/gpu",
+                            &["GPU-4100b100-0000-4000-8000-000000000001"],
+                        ),
+                    ),
+                    ("sidecar", devices("example.com/nic", &["eth1"])),
+                ],
+            ),
+            // GPU 2 by index (the device plugin's DEVICE_ID_STRATEGY=index).
+            pod(
+                "eval",
+                "e-1",
+                &[("main", devices("nvidia.com/gpu", &["2"]))],
+            ),
+            // GPU 3 time-sliced between two pods: shared, so no pod.
+            pod(
+                "dev",
+                "nb-1",
+                &[(
+                    "nb",
+                    devices(
+                        "nvidia.com/gpu.shared",
+                        &["GPU-4100b100-0000-4000-8000-000000000003::0"],
+                    ),
+                )],
+            ),
+            pod(
+                "dev",
+                "nb-2",
+                &[(
+                    "nb",
+                    devices(
+                        "nvidia.com/gpu.shared",
+                        &["GPU-4100b100-0000-4000-8000-000000000003::1"],
+                    ),
+                )],
+            ),
+            // The A100's two MIG devices, one per container of one pod.
+            pod(
+                "infer",
+                "srv",
+                &[
+                    (
+                        "a",
+                        devices(
+                            "nvidia.com/mig-3g.20gb",
+                            &["MIG-11111111-2222-5333-8444-555555555555"],
+                        ),
+                    ),
+                    (
+                        "b",
+                        devices(
+                            "nvidia.com/mig-3g.20gb",
+                            &["MIG-66666666-7777-5888-8999-aaaaaaaaaaaa"],
+                        ),
+                    ),
+                ],
+            ),
+        ]
+    }
+}
+
+#[tonic::async_trait]
+impl PodResourcesLister for FakeKubelet {
+    async fn list(
+        &self,
+        _: Request<ListPodResourcesRequest>,
+    ) -> Result<Response<ListPodResourcesResponse>, Status> {
+        self.count("List");
+        Ok(Response::new(ListPodResourcesResponse {
+            pod_resources: Self::pods(),
+        }))
+    }
+
+    async fn get_allocatable_resources(
+        &self,
+        _: Request<AllocatableResourcesRequest>,
+    ) -> Result<Response<AllocatableResourcesResponse>, Status> {
+        self.count("GetAllocatableResources");
+        Ok(Response::new(AllocatableResourcesResponse {
+            devices: vec![devices(
+                "nvidia.com/gpu",
+                &[
+                    "GPU-4100b100-0000-4000-8000-000000000001",
+                    "GPU-4100b100-0000-4000-8000-000000000002",
+                ],
+            )],
+            ..AllocatableResourcesResponse::default()
+        }))
+    }
+
+    async fn get(
+        &self,
+        _: Request<GetPodResourcesRequest>,
+    ) -> Result<Response<GetPodResourcesResponse>, Status> {
+        Err(Status::unimplemented("the agent lists"))
+    }
+}
+
+/// The API server's pod list of the node, with labels, as JSON.
+const POD_LIST: &str = r#"{"kind":"PodList","apiVersion":"v1","items":[
+  {"metadata":{"name":"llama-0","namespace":"train","uid":"0b0c","labels":
+    {"team":"pretrain","app.kubernetes.io/name":"llama","pod-template-hash":"7c9"}}},
+  {"metadata":{"name":"e-1","namespace":"eval","labels":{"team":"eval"}}},
+  {"metadata":{"name":"srv","namespace":"infer","labels":{"app.kubernetes.io/name":"vllm"}}},
+  {"metadata":{"name":"web","namespace":"train","labels":{"team":"web"}}}
+]}"#;
+
+/// Serves the fake kubelet on `socket` and a one-route API server on a
+/// loopback port, on a thread of their own; returns the API server's URL
+/// and the query strings it was asked with.
+fn serve(socket: PathBuf, kubelet: FakeKubelet) -> (String, Arc<Mutex<Vec<String>>>) {
+    let queries = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&queries);
+    let (url_tx, url_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Runtime::new().expect("runtime");
+        runtime.block_on(async move {
+            let listener = tokio::net::UnixListener::bind(&socket).expect("bind kubelet socket");
+            tokio::spawn(
+                tonic::transport::Server::builder()
+                    .add_service(PodResourcesListerServer::new(kubelet))
+                    .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+            );
+            let api = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind API server");
+            url_tx
+                .send(format!("http://{}", api.local_addr().expect("address")))
+                .expect("send URL");
+            loop {
+                let Ok((stream, _)) = api.accept().await else {
+                    return;
+                };
+                answer_pod_list(stream, &seen).await;
+            }
+        });
+    });
+    (url_rx.recv().expect("fake servers up"), queries)
+}
+
+/// Answers one HTTP/1.1 request with the pod list, noting its target.
+async fn answer_pod_list(mut stream: tokio::net::TcpStream, seen: &Mutex<Vec<String>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut request = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+        match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => request.extend_from_slice(&buf[..n]),
+        }
+    }
+    let request = String::from_utf8_lossy(&request);
+    let target = request.split_whitespace().nth(1).unwrap_or_default();
+    seen.lock().expect("lock").push(target.to_owned());
+    let response = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n{POD_LIST}",
+        POD_LIST.len()
+    );
+    let _ = stream.write_all(response.as_bytes()).await;
+}
+
+fn pods_by_row(store: &Path, dir: &Path) -> Vec<Value> {
+    duckdb(
+        dir,
+        &format!(
+            "select gpu, gpu_instance_id as gi, pod_namespace, pod_name, container, \
+             pod_labels['team'] as team, pod_labels['app.kubernetes.io/name'] as app, \
+             cardinality(pod_labels)::INTEGER as labels, count(*) as ticks \
+             from {} group by all order by gpu, gi nulls first",
+            table_scan(store, "gpu")
+        ),
+    )
+    .into_iter()
+    .map(Value::Object)
+    .collect()
+}
+
+#[test]
+fn gpu_rows_name_the_pod_and_container_the_kubelet_allocated_them_to() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let socket = tmp.path().join("kubelet.sock");
+    let kubelet = FakeKubelet::default();
+    let (api, queries) = serve(socket.clone(), kubelet.clone());
+    let store = run_scenario_pipeline(
+        tmp.path(),
+        SCENARIO,
+        TICKS,
+        &[
+            "--process-interval",
+            "100ms",
+            "--kubelet-socket",
+            socket.to_str().expect("utf-8 path"),
+            "--pod-label",
+            "team,app.kubernetes.io/name",
+            "--kube-api-server",
+            &api,
+        ],
+    );
+    let t = TICKS;
+    assert_eq!(
+        pods_by_row(&store, tmp.path()),
+        [
+            // The A100: both MIG devices are one pod's, in two containers.
+            json!({"gpu": 0, "gi": null, "pod_namespace": "infer", "pod_name": "srv",
+                   "container": null, "team": null, "app": "vllm", "labels": 1, "ticks": t}),
+            json!({"gpu": 0, "gi": 1, "pod_namespace": "infer", "pod_name": "srv",
+                   "container": "a", "team": null, "app": "vllm", "labels": 1, "ticks": t}),
+            json!({"gpu": 0, "gi": 2, "pod_namespace": "infer", "pod_name": "srv",
+                   "container": "b", "team": null, "app": "vllm", "labels": 1, "ticks": t}),
+            json!({"gpu": 1, "gi": null, "pod_namespace": "train", "pod_name": "llama-0",
+                   "container": "trainer", "team": "pretrain", "app": "llama", "labels": 2,
+                   "ticks": t}),
+            json!({"gpu": 2, "gi": null, "pod_namespace": "eval", "pod_name": "e-1",
+                   "container": "main", "team": "eval", "app": null, "labels": 1, "ticks": t}),
+            json!({"gpu": 3, "gi": null, "pod_namespace": null, "pod_name": null,
+                   "container": null, "team": null, "app": null, "labels": null, "ticks": t}),
+        ]
+    );
+    let calls = kubelet.calls.lock().expect("lock").clone();
+    assert_eq!(calls.get("GetAllocatableResources"), Some(&1), "{calls:?}");
+    assert!(calls.get("List").is_some_and(|n| *n >= 2), "{calls:?}");
+    // Only this node's pods are asked for.
+    let queries = queries.lock().expect("lock").clone();
+    assert!(!queries.is_empty());
+    assert!(
+        queries
+            .iter()
+            .all(|q| q == &format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}")),
+        "{queries:?}"
+    );
+}
+
+/// A socket nobody answers on (a kubelet that is down) costs the agent
+/// nothing but the pod columns: every row is delivered, without pods.
+#[test]
+fn a_kubelet_that_does_not_answer_leaves_rows_without_pods() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let socket = tmp.path().join("kubelet.sock");
+    // Bound and never accepted on: connecting succeeds at the socket level
+    // only until the backlog fills, and no gRPC answer ever comes.
+    let listener = std::os::unix::net::UnixListener::bind(&socket).expect("bind");
+    let store = run_scenario_pipeline(
+        tmp.path(),
+        SCENARIO,
+        TICKS,
+        &[
+            "--process-interval",
+            "100ms",
+            "--kubelet-socket",
+            socket.to_str().expect("utf-8 path"),
+        ],
+    );
+    drop(listener);
+    let rows = pods_by_row(&store, tmp.path());
+    let t = TICKS;
+    assert_eq!(
+        rows,
+        [
+            (0, None),
+            (0, Some(1)),
+            (0, Some(2)),
+            (1, None),
+            (2, None),
+            (3, None)
+        ]
+        .map(
+            |(gpu, gi)| json!({"gpu": gpu, "gi": gi, "pod_namespace": null,
+                "pod_name": null, "container": null, "team": null, "app": null,
+                "labels": null, "ticks": t})
+        )
+    );
+}
