@@ -110,6 +110,20 @@ ensure_s3_server() {
   export GPUTEL_S3_SERVER="$VENV_BIN/moto_server"
 }
 
+# Sets GPUTEL_KUBE_VALIDATE to kubernetes-validate (PyPI), pinned: it checks
+# deploy/kubernetes against the Kubernetes API's published OpenAPI schemas,
+# which it carries, so no cluster is needed.
+KUBE_VALIDATE_VERSION=1.37.0
+ensure_kube_validate() {
+  ensure_venv
+  if [[ $("$VENV_BIN/kubernetes-validate" --version 2>/dev/null) != "$KUBE_VALIDATE_VERSION" ]]; then
+    say "installing kubernetes-validate $KUBE_VALIDATE_VERSION (PyPI)"
+    "$VENV_BIN/pip" install --quiet --disable-pip-version-check "kubernetes-validate==$KUBE_VALIDATE_VERSION" \
+      || die "could not install kubernetes-validate from PyPI; install it and set GPUTEL_KUBE_VALIDATE to it"
+  fi
+  export GPUTEL_KUBE_VALIDATE="$VENV_BIN/kubernetes-validate"
+}
+
 # Sets CARGO_DEB to cargo-deb (crates.io), pinned, installed under
 # target/tools/bin on first use (about a minute of compiling).
 CARGO_DEB_VERSION=3.8.0

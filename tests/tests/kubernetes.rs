@@ -3,11 +3,15 @@
 //! socket, a fake API server lists the node's pods with their labels, and
 //! every gpu row names the pod, namespace and container the kubelet
 //! allocated its GPU (or MIG device) to, with the labels chosen by
-//! `--pod-label`, through the whole pipeline to DuckDB.
+//! `--pod-label`, through the whole pipeline to DuckDB. The manifests of
+//! `deploy/kubernetes/` pass the Kubernetes API's schemas, and their
+//! ConfigMaps are configurations the programs start with.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use gputel_proto::podresources::pod_resources_lister_server::{
     PodResourcesLister, PodResourcesListerServer,
@@ -17,7 +21,10 @@ use gputel_proto::podresources::{
     ContainerResources, GetPodResourcesRequest, GetPodResourcesResponse, ListPodResourcesRequest,
     ListPodResourcesResponse, PodResources,
 };
-use gputel_tests::{duckdb, run_scenario_pipeline, table_scan};
+use gputel_tests::{
+    Running, agent_bin, collector_bin, duckdb, provided_path, run_scenario_pipeline, table_scan,
+    workspace_root,
+};
 use serde_json::{Value, json};
 use tonic::{Request, Response, Status};
 
@@ -373,5 +380,160 @@ fn a_kubelet_that_does_not_answer_leaves_rows_without_pods() {
                 "pod_name": null, "container": null, "team": null, "app": null,
                 "labels": null, "ticks": t})
         )
+    );
+}
+
+/// `deploy/kubernetes/`: the manifests kubectl applies.
+fn manifests() -> Vec<PathBuf> {
+    ["namespace.yaml", "agent.yaml", "collector.yaml"]
+        .iter()
+        .map(|file| workspace_root().join("deploy/kubernetes").join(file))
+        .collect()
+}
+
+/// `kubernetes-validate --strict` on `files`: its exit status and output.
+fn kube_validate(bin: &Path, files: &[PathBuf]) -> (bool, String) {
+    let out = Command::new(bin)
+        .args(["--strict", "--kubernetes-version", "1.30.0"])
+        .args(files)
+        .output()
+        .expect("run kubernetes-validate");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// Every manifest passes the Kubernetes API's schemas (strict: no unknown
+/// field), as of 1.30, the oldest release the manifests are meant for; and
+/// the check fails a manifest with a mistake in it.
+#[test]
+fn manifests_pass_the_kubernetes_api_schemas() {
+    let Some(bin) = provided_path(
+        "GPUTEL_KUBE_VALIDATE",
+        "scripts/test installs kubernetes-validate (PyPI) and sets it",
+    ) else {
+        return;
+    };
+    let files = manifests();
+    let (ok, out) = kube_validate(&bin, &files);
+    assert!(ok, "{out}");
+    for kind in [
+        "namespace/gputel",
+        "serviceaccount/gputel-agent",
+        "clusterrole/gputel-agent",
+        "clusterrolebinding/gputel-agent",
+        "configmap/gputel-agent",
+        "daemonset/gputel-agent",
+        "service/gputel-collector",
+        "configmap/gputel-collector",
+        "statefulset/gputel-collector",
+    ] {
+        assert!(
+            out.contains(&format!("passed for resource {kind} ")),
+            "{kind} not checked:\n{out}"
+        );
+    }
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let agent = std::fs::read_to_string(&files[1]).expect("read agent.yaml");
+    let broken = tmp.path().join("agent.yaml");
+    std::fs::write(
+        &broken,
+        agent.replace("hostPID: true", "hostPID: true\n      hostPIDs: true"),
+    )
+    .expect("write");
+    let (ok, out) = kube_validate(&bin, &[broken]);
+    assert!(!ok && out.contains("hostPIDs"), "{out}");
+}
+
+/// The value of `key: |` in a ConfigMap's `data`, as YAML's literal block
+/// reads it: the lines below, one level deeper than the key.
+fn config_map_file(manifest: &Path, key: &str) -> String {
+    let text = std::fs::read_to_string(manifest).expect("read manifest");
+    let mut lines = text.lines();
+    let head = format!("  {key}: |");
+    lines
+        .by_ref()
+        .find(|line| *line == head)
+        .unwrap_or_else(|| panic!("{key} not in {}", manifest.display()));
+    let mut out = String::new();
+    for line in lines {
+        if let Some(body) = line.strip_prefix("    ") {
+            out.push_str(body);
+        } else if !line.trim().is_empty() {
+            break;
+        }
+        out.push('\n');
+    }
+    out.trim_end().to_owned() + "\n"
+}
+
+/// The agent's and the collector's ConfigMaps hold configurations the
+/// programs start with, and the alert rules are the shipped defaults.
+#[test]
+fn config_maps_hold_configs_the_programs_start_with() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let files = manifests();
+
+    let agent_toml = tmp.path().join("agent.toml");
+    std::fs::write(&agent_toml, config_map_file(&files[1], "agent.toml")).expect("write");
+    let out = Command::new(agent_bin())
+        .arg("--config")
+        .arg(&agent_toml)
+        .args(["--once", "--node", "gpu-node-017", "--interval", "10ms"])
+        .args(["--nvml-lib", "/nonexistent/libnvidia-ml.so.1"])
+        .output()
+        .expect("run agent");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let alerts = config_map_file(&files[2], "alerts.toml");
+    assert_eq!(
+        alerts,
+        std::fs::read_to_string(workspace_root().join("systemd/alerts.toml"))
+            .expect("read alerts.toml"),
+        "collector.yaml's alerts.toml differs from systemd/alerts.toml"
+    );
+    let rules = tmp.path().join("alerts.toml");
+    std::fs::write(&rules, alerts).expect("write");
+    let collector_toml = tmp.path().join("collector.toml");
+    let config = config_map_file(&files[2], "collector.toml");
+    assert!(
+        config.contains("store = \"s3://gputel/telemetry\""),
+        "{config}"
+    );
+    std::fs::write(&collector_toml, config).expect("write");
+    // Started here on loopback with a local store and WAL; the rest is the
+    // ConfigMap's.
+    let mut cmd = Command::new(collector_bin());
+    cmd.arg("--config")
+        .arg(&collector_toml)
+        .args(["--plaintext", "--listen", "127.0.0.1:0", "--store"])
+        .arg(tmp.path().join("store"))
+        .arg("--wal-dir")
+        .arg(tmp.path().join("wal"))
+        .arg("--rules")
+        .arg(&rules);
+    let mut collector = Running::spawn(cmd);
+    let line = collector.wait_for_log("listening on ", Duration::from_secs(30));
+    assert!(line.contains("flush_interval=10s"), "{line}");
+    assert!(
+        collector
+            .log
+            .iter()
+            .any(|l| l.contains("loaded 8 alert rules")),
+        "{:#?}",
+        collector.log
+    );
+    assert!(
+        collector
+            .terminate(Duration::from_secs(30))
+            .status
+            .success()
     );
 }
