@@ -17,7 +17,9 @@
 //! `pci_bus_id`, `device`, `modelName`, `hostname` (or the `Hostname` of
 //! earlier releases, see [`HostnameLabel`]), `DCGM_FI_DRIVER_VERSION` (a
 //! `label` row of its default counters), then its attributes sorted by
-//! name: `err_code`, `err_msg` (XID series only), `hpc_job`.
+//! name: `err_code`, `err_msg` (XID series only), and who holds the GPU:
+//! `container`, `hpc_job`, `namespace`, `pod` (dcgm-exporter's Kubernetes
+//! labels, from the kubelet's pod-resources API as it reads them).
 
 mod gpu;
 mod gzip;
@@ -74,6 +76,9 @@ const LABEL_MIG_PROFILE: &str = "GPU_I_PROFILE";
 const LABEL_MIG_ID: &str = "GPU_I_ID";
 /// dcgm-exporter's HPC job mapping label, present only when the job is known.
 const LABEL_HPC_JOB: &str = "hpc_job";
+const LABEL_POD: &str = "pod";
+const LABEL_NAMESPACE: &str = "namespace";
+const LABEL_CONTAINER: &str = "container";
 
 /// The name of the host label. dcgm-exporter renamed `Hostname` to
 /// `hostname` in 4.6.0-4.8.3; dashboards written for earlier releases
@@ -443,10 +448,25 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The scheduler job that owns a GPU, for dcgm-exporter's `hpc_job` label;
-/// no label while the GPU is idle or shared by several jobs.
-fn hpc_job(sample: &GpuSample) -> Option<&str> {
-    sample.job_id.as_deref()
+/// Who holds a GPU, as dcgm-exporter labels it: `hpc_job`, the scheduler
+/// job (no label while the GPU is idle or shared by several jobs), and, on
+/// Kubernetes, `pod`, `namespace` and `container` (no labels while no one
+/// pod holds it; `container` only when one container does).
+fn holder_labels(sample: &GpuSample) -> Vec<(&'static str, &str)> {
+    let mut labels = Vec::new();
+    if let Some(job) = sample.job_id.as_deref() {
+        labels.push((LABEL_HPC_JOB, job));
+    }
+    if let (Some(namespace), Some(pod)) =
+        (sample.pod_namespace.as_deref(), sample.pod_name.as_deref())
+    {
+        labels.push((LABEL_POD, pod));
+        labels.push((LABEL_NAMESPACE, namespace));
+        if let Some(container) = sample.container.as_deref() {
+            labels.push((LABEL_CONTAINER, container));
+        }
+    }
+    labels
 }
 
 /// A MIG device row's profile and GPU instance id, for dcgm-exporter's
@@ -487,15 +507,15 @@ fn id_of(row: &GpuSample) -> Id<'_> {
 }
 
 /// dcgm-exporter's labels of one GPU (or MIG device), in its order: the
-/// GPU's identity, the MIG device's, the host, the driver version, then
-/// `attributes` (already sorted by name) and `hpc_job` (which sorts after
-/// `err_code` and `err_msg`).
+/// GPU's identity, the MIG device's, the host, the driver version, then its
+/// attributes (`err_code`, `err_msg`) and the holder's labels (`hpc_job`,
+/// `pod`, `namespace`, `container`), together sorted by name.
 fn gpu_labels(
     id: Id<'_>,
     mig: Option<(&str, u32)>,
     host: &HostLabels,
     attributes: &[(&str, &str)],
-    job: Option<&str>,
+    holder: &[(&str, &str)],
 ) -> Labels {
     // dcgm-exporter names the device node, nvidia<minor>; the minor number
     // is not on the wire and equals the index on ordinary systems.
@@ -514,11 +534,10 @@ fn gpu_labels(
     if let Some(version) = &host.driver_version {
         labels = labels.with(LABEL_DRIVER_VERSION, version);
     }
-    for (name, value) in attributes {
+    let mut sorted: Vec<(&str, &str)> = attributes.iter().chain(holder).copied().collect();
+    sorted.sort_unstable_by_key(|(name, _)| *name);
+    for (name, value) in sorted {
         labels = labels.with(name, value);
-    }
-    if let Some(job) = job {
-        labels = labels.with(LABEL_HPC_JOB, job);
     }
     labels
 }
@@ -544,7 +563,7 @@ impl Recorded {
         let row_labels: Vec<Labels> = tick
             .gpu
             .iter()
-            .map(|g| gpu_labels(id_of(g), mig_labels(g), host, &[], hpc_job(g)))
+            .map(|g| gpu_labels(id_of(g), mig_labels(g), host, &[], &holder_labels(g)))
             .collect();
         for m in GPU_METRICS {
             text.family(m.name, m.help, m.kind);
@@ -557,11 +576,12 @@ impl Recorded {
 
         // Events: GPUs keep their series after they leave the rows (a GPU
         // that fell off the bus after an XID is the interesting case).
-        let job_of = |gpu: u32, uuid: &str| {
+        let holder_of = |gpu: u32, uuid: &str| {
             tick.gpu
                 .iter()
                 .find(|g| g.gpu == gpu && g.uuid == uuid && g.gpu_instance_id.is_none())
-                .and_then(hpc_job)
+                .map(holder_labels)
+                .unwrap_or_default()
         };
         let with_events: Vec<(Id<'_>, &GpuEvents)> = self
             .events
@@ -593,7 +613,8 @@ impl Recorded {
                     (LABEL_ERR_CODE, code.as_str()),
                     (LABEL_ERR_MSG, gputel_schemas::xid::err_msg(xid)),
                 ];
-                let labels = gpu_labels(*id, None, host, &attributes, job_of(id.gpu, id.uuid));
+                let holder = holder_of(id.gpu, id.uuid);
+                let labels = gpu_labels(*id, None, host, &attributes, &holder);
                 text.sample(&labels, &[], xid as f64);
             }
         }
@@ -1143,6 +1164,49 @@ mod tests {
         assert_eq!(
             series(&lines, "DCGM_FI_DEV_GPU_TEMP")[0],
             format!("DCGM_FI_DEV_GPU_TEMP{{{},hpc_job=\"4242\"}} 61", labels(0))
+        );
+    }
+
+    #[test]
+    fn a_pods_gpu_carries_dcgm_exporters_kubernetes_labels() {
+        let metrics = node_017();
+        let in_pod = |gpu, container: Option<&str>| GpuSample {
+            pod_namespace: Some("train".into()),
+            pod_name: Some("llama-0".into()),
+            container: container.map(str::to_owned),
+            ..h100(gpu)
+        };
+        let mut with_job = in_pod(1, None);
+        with_job.job_id = Some("77".into());
+        metrics.record_at(
+            &Batch {
+                gpu: vec![in_pod(0, Some("trainer")), with_job],
+                event: vec![xid(0, 79)],
+                ..Batch::default()
+            },
+            TS_US,
+        );
+        let lines = rendered(&metrics);
+        assert_eq!(
+            series(&lines, "DCGM_FI_DEV_GPU_TEMP"),
+            [
+                format!(
+                    "DCGM_FI_DEV_GPU_TEMP{{{},container=\"trainer\",namespace=\"train\",pod=\"llama-0\"}} 61",
+                    labels(0)
+                ),
+                format!(
+                    "DCGM_FI_DEV_GPU_TEMP{{{},hpc_job=\"77\",namespace=\"train\",pod=\"llama-0\"}} 61",
+                    labels(1)
+                ),
+            ]
+        );
+        assert_eq!(
+            series(&lines, "DCGM_FI_DEV_XID_ERRORS"),
+            [format!(
+                "DCGM_FI_DEV_XID_ERRORS{{{},container=\"trainer\",err_code=\"79\",\
+                 err_msg=\"GPU has fallen off the bus\",namespace=\"train\",pod=\"llama-0\"}} 79",
+                labels(0)
+            )]
         );
     }
 
