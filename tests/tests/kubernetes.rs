@@ -22,8 +22,8 @@ use gputel_proto::podresources::{
     ListPodResourcesResponse, PodResources,
 };
 use gputel_tests::{
-    Running, agent_bin, collector_bin, duckdb, provided_path, run_scenario_pipeline, table_scan,
-    workspace_root,
+    Running, agent_bin, collector_bin, duckdb, provided_path, run_scenario_pipeline, shipped_query,
+    table_scan, workspace_root,
 };
 use serde_json::{Value, json};
 use tonic::{Request, Response, Status};
@@ -326,6 +326,26 @@ fn gpu_rows_name_the_pod_and_container_the_kubelet_allocated_them_to() {
                    "container": "main", "team": "eval", "app": null, "labels": 1, "ticks": t}),
             json!({"gpu": 3, "gi": null, "pod_namespace": null, "pod_name": null,
                    "container": null, "team": null, "app": null, "labels": null, "ticks": t}),
+        ]
+    );
+    // The README's per-team query, through views.sql.
+    let per_team = shipped_query(
+        &store,
+        "",
+        "views.sql",
+        "SELECT pod_labels['team'] AS team, count(DISTINCT (node, gpu)) AS gpus, \
+         round(avg(sm_active_pct), 1) AS sm_active_pct \
+         FROM gpu WHERE pod_name IS NOT NULL GROUP BY ALL ORDER BY gpus DESC, team NULLS LAST",
+    );
+    assert_eq!(
+        per_team
+            .iter()
+            .map(|r| (r["team"].clone(), r["gpus"].clone()))
+            .collect::<Vec<_>>(),
+        [
+            (json!("eval"), json!(1)),
+            (json!("pretrain"), json!(1)),
+            (Value::Null, json!(1))
         ]
     );
     let calls = kubelet.calls.lock().expect("lock").clone();
