@@ -277,3 +277,57 @@ ensure_chromium() {
   "$chromium" --headless --no-sandbox --version >/dev/null 2>&1 || die "Chromium at $chromium does not run"
   export GPUTEL_CHROMIUM="$chromium"
 }
+
+# Sets GPUTEL_SPARK to a Python with Apache Spark (PyPI: pyspark, pinned,
+# in the venv; it runs in local mode on a Java 17 runtime, from Debian's
+# openjdk-17-jre-headless where none is installed) and GPUTEL_SPARK_JARS to
+# the jars Spark needs for s3a:// (hadoop-aws and the AWS SDK bundle it was
+# built with). Maven Central, where Spark would fetch them, is not needed:
+# PyPI's sagemaker_pyspark carries hadoop-aws 3.3.1 and aws-java-sdk-bundle
+# 1.11.901 (Hadoop 3.3.1's own SDK version), which work with the Hadoop
+# 3.3.4 client that pyspark 3.5 bundles; only those two jars are unpacked,
+# checked against pinned SHA-256 sums, into target/tools/spark-jars.
+# pyspark 4 bundles Hadoop 3.4 or newer, whose S3A needs the AWS SDK v2
+# bundle, which no PyPI package carries: hence pyspark 3.5.
+PYSPARK_VERSION=3.5.9
+SAGEMAKER_PYSPARK_VERSION=1.4.5
+S3A_JARS_SHA256="6be50ad8a8b445d2802381b085b2a3ede5c29d353450a6a21f16b2fefa962b6e  hadoop-aws-3.3.1.jar
+b87175b32a16544cc1b37cf40390eb375833e62bed67f8ce6cde4b7ad6429ead  aws-java-sdk-bundle-1.11.901.jar"
+ensure_spark() {
+  if ! command -v java >/dev/null || ! java -version 2>&1 | grep -q 'version "\(1[7-9]\|2[0-9]\)'; then
+    if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+      say "installing a Java runtime for Spark (Debian package openjdk-17-jre-headless)"
+      { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openjdk-17-jre-headless >/dev/null 2>&1 \
+        || { apt-get update -qq >/dev/null \
+             && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openjdk-17-jre-headless >/dev/null; }; } \
+        || die "apt-get could not install the Debian package openjdk-17-jre-headless; install Java 17 and put java on PATH"
+    else
+      die "Spark needs Java 17 or newer: install it (Debian: apt-get install openjdk-17-jre-headless) and put java on PATH"
+    fi
+  fi
+  ensure_venv
+  if [[ $("$VENV_BIN/python" -c 'import pyspark; print(pyspark.__version__)' 2>/dev/null) != "$PYSPARK_VERSION" ]]; then
+    say "installing Apache Spark $PYSPARK_VERSION (PyPI: pyspark, about 320 MB)"
+    "$VENV_BIN/pip" install --quiet --disable-pip-version-check "pyspark==$PYSPARK_VERSION" \
+      || die "could not install pyspark $PYSPARK_VERSION from PyPI"
+  fi
+  local jars="$tools_dir/spark-jars"
+  if ! (cd "$jars" 2>/dev/null && sha256sum --quiet -c - <<<"$S3A_JARS_SHA256" >/dev/null 2>&1); then
+    say "installing Spark's S3A jars (hadoop-aws 3.3.1, aws-java-sdk-bundle 1.11.901; from PyPI's sagemaker_pyspark $SAGEMAKER_PYSPARK_VERSION)"
+    local dl
+    dl=$(mktemp -d)
+    "$VENV_BIN/pip" download --quiet --disable-pip-version-check --no-deps --no-binary :all: \
+      -d "$dl" "sagemaker_pyspark==$SAGEMAKER_PYSPARK_VERSION" \
+      || { rm -rf "$dl"; die "could not download sagemaker_pyspark $SAGEMAKER_PYSPARK_VERSION from PyPI (it carries Spark's S3A jars)"; }
+    mkdir -p "$jars"
+    tar -xzf "$dl"/sagemaker_pyspark-*.tar.gz -C "$jars" --strip-components=3 --wildcards \
+      '*/deps/jars/hadoop-aws-3.3.1.jar' '*/deps/jars/aws-java-sdk-bundle-1.11.901.jar' \
+      || { rm -rf "$dl"; die "could not unpack the S3A jars from sagemaker_pyspark"; }
+    rm -rf "$dl"
+    (cd "$jars" && sha256sum --quiet -c - <<<"$S3A_JARS_SHA256") \
+      || die "the S3A jars unpacked from sagemaker_pyspark do not match their pinned SHA-256 sums"
+  fi
+  "$VENV_BIN/python" -c 'import pyspark' 2>/dev/null || die "pyspark does not import in $VENV_BIN/python"
+  export GPUTEL_SPARK="$VENV_BIN/python"
+  export GPUTEL_SPARK_JARS="$jars/hadoop-aws-3.3.1.jar,$jars/aws-java-sdk-bundle-1.11.901.jar"
+}
