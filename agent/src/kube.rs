@@ -9,12 +9,16 @@
 //! That is exact where cgroups are a guess: it holds for a pod that has not
 //! started a process yet, and for one whose processes NVML cannot list.
 //! `GetAllocatableResources` says which devices the kubelet offers at all;
-//! the agent reads it at every (re)connection and says which of them are
-//! not on this node's GPUs, the sign of a device-id strategy it cannot match.
+//! the agent logs them at every (re)connection, so that ids it cannot match
+//! to a GPU (another device-id strategy) can be seen.
 //!
 //! Pod labels are not in that API: with `--pod-label`, the agent lists the
 //! pods of its node from the API server (in-cluster: the service account's
-//! token and CA) and keeps the labels named.
+//! token and CA; from the API server's cache, `resourceVersion=0`) and keeps
+//! the labels named. Labels rarely change: the list is asked again only when
+//! a pod holding a GPU is not in the last one (at most every
+//! [`LABELS_RETRY`]), or that one is [`LABELS_MAX_AGE`] old, so a fleet's
+//! agents cost the API server little.
 //!
 //! A background task polls both at the process cadence and publishes what
 //! it read; the sampling thread stamps the latest on every tick's rows
@@ -49,6 +53,12 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the agent waits at start for the kubelet's first answer, so
 /// that its first rows already name their pods.
 pub const FIRST_ANSWER_WAIT: Duration = Duration::from_secs(5);
+/// How long a pod list's labels are used for pods it holds.
+pub const LABELS_MAX_AGE: Duration = Duration::from_secs(300);
+/// How soon the pods are listed again for a pod the last list lacked (one
+/// created since, or one the API server does not know, such as a static pod
+/// without its mirror).
+pub const LABELS_RETRY: Duration = Duration::from_secs(30);
 /// Longest label key or value kept (the collector's limit for a string).
 const MAX_LABEL_BYTES: usize = 256;
 
@@ -348,6 +358,9 @@ struct ApiServer {
     token_file: PathBuf,
     /// Logged the last failure (once per outage).
     failing: bool,
+    /// The kept labels of every pod of the last list, and when it was read.
+    cache: HashMap<(String, String), BTreeMap<String, String>>,
+    listed_at: Option<tokio::time::Instant>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -402,39 +415,58 @@ impl ApiServer {
             url,
             token_file: options.service_account_dir.join("token"),
             failing: false,
+            cache: HashMap::new(),
+            listed_at: None,
         })
     }
 
-    /// The kept labels of `pods`, from one listing of the node's pods;
-    /// empty when the API server cannot be asked (logged once per outage).
+    /// The kept labels of `pods`: from the last listing of the node's pods
+    /// while it holds them all and is recent, else from a new one. When the
+    /// API server cannot be asked (logged once per outage), the last
+    /// listing's.
     async fn labels(
         &mut self,
         options: &KubeOptions,
         pods: &BTreeSet<(String, String)>,
     ) -> HashMap<(String, String), BTreeMap<String, String>> {
-        match self.list(options).await {
-            Ok(list) => {
-                if self.failing {
-                    info!(url = %self.url, "API server answers again: pod labels are read");
-                    self.failing = false;
+        let age = self.listed_at.map(|at| at.elapsed());
+        let missing = pods.iter().any(|pod| !self.cache.contains_key(pod));
+        let due = match age {
+            None => true,
+            Some(age) => age >= LABELS_MAX_AGE || (missing && age >= LABELS_RETRY),
+        };
+        if due {
+            match self.list(options).await {
+                Ok(list) => {
+                    if self.failing {
+                        info!(url = %self.url, "API server answers again: pod labels are read");
+                        self.failing = false;
+                    }
+                    self.cache = keep_labels(list, &options.labels);
+                    self.listed_at = Some(tokio::time::Instant::now());
                 }
-                keep_labels(list, &options.labels, pods)
-            }
-            Err(why) => {
-                if !self.failing {
-                    warn!(url = %self.url, "cannot list this node's pods for their labels: {why}");
-                    self.failing = true;
+                Err(why) => {
+                    if !self.failing {
+                        warn!(url = %self.url, "cannot list this node's pods for their labels: {why}");
+                        self.failing = true;
+                    }
                 }
-                HashMap::new()
             }
         }
+        pods.iter()
+            .filter_map(|pod| Some((pod.clone(), self.cache.get(pod)?.clone())))
+            .collect()
     }
 
     async fn list(&self, options: &KubeOptions) -> Result<PodList, String> {
         let mut request = self
             .client
             .get(format!("{}/api/v1/pods", self.url))
-            .query(&[("fieldSelector", format!("spec.nodeName={}", options.node))]);
+            .query(&[
+                ("fieldSelector", format!("spec.nodeName={}", options.node)),
+                // Served from the API server's cache, not from etcd.
+                ("resourceVersion", "0".to_owned()),
+            ]);
         // The token is rotated by the kubelet: read it at every request.
         match std::fs::read_to_string(&self.token_file) {
             Ok(token) => request = request.bearer_auth(token.trim()),
@@ -454,19 +486,17 @@ impl ApiServer {
     }
 }
 
-/// The labels named in `keep` of the pods in `pods`; a label whose key or
+/// The labels named in `keep` of every pod listed; a label whose key or
 /// value the collector would refuse (too long, control characters) is left
 /// out.
 fn keep_labels(
     list: PodList,
     keep: &[String],
-    pods: &BTreeSet<(String, String)>,
 ) -> HashMap<(String, String), BTreeMap<String, String>> {
     let storable = |s: &str| s.len() <= MAX_LABEL_BYTES && !s.chars().any(char::is_control);
     list.items
         .into_iter()
         .map(|pod| pod.metadata)
-        .filter(|meta| pods.contains(&(meta.namespace.clone(), meta.name.clone())))
         .map(|meta| {
             let labels = meta
                 .labels
@@ -623,7 +653,7 @@ mod tests {
     }
 
     #[test]
-    fn labels_kept_are_the_named_ones_of_pods_holding_gpus() {
+    fn labels_kept_are_the_named_storable_ones() {
         let list: PodList = serde_json::from_str(
             r#"{"kind":"PodList","items":[
                 {"metadata":{"name":"llama-0","namespace":"train","uid":"u1",
@@ -634,11 +664,7 @@ mod tests {
             ]}"#,
         )
         .unwrap();
-        let pods: BTreeSet<_> = [("train", "llama-0"), ("eval", "e-1"), ("eval", "bare")]
-            .into_iter()
-            .map(|(ns, name)| (ns.to_owned(), name.to_owned()))
-            .collect();
-        let kept = keep_labels(list, &["team".into(), "app".into()], &pods);
+        let kept = keep_labels(list, &["team".into(), "app".into()]);
         let get = |ns: &str, name: &str| kept.get(&(ns.to_owned(), name.to_owned())).cloned();
         assert_eq!(
             get("train", "llama-0"),
@@ -647,7 +673,10 @@ mod tests {
                 ("team".to_owned(), "pretrain".to_owned()),
             ]))
         );
-        assert_eq!(get("train", "web"), None, "a pod without GPUs");
+        assert_eq!(
+            get("train", "web"),
+            Some(BTreeMap::from([("team".to_owned(), "web".to_owned())]))
+        );
         assert_eq!(
             get("eval", "e-1"),
             Some(BTreeMap::new()),
