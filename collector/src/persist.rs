@@ -68,8 +68,11 @@ pub const MIN_COMPACTED_ROW_GROUP_ROWS: usize = 100_000;
 /// chunk is one page ([`compacted_properties`]).
 pub const COMPACTED_PAGE_BYTES: usize = 16 << 20;
 /// Most rows in one compacted file, which compaction sorts in memory; an
-/// hour with more becomes several files.
-pub const MAX_COMPACTED_FILE_ROWS: usize = 8 << 20;
+/// hour with more becomes several files. It bounds compaction's memory
+/// whatever the fleet's size: an hour of 200 nodes' gpu rows (5.8 M) took
+/// 4.0 GB merged at once (`benches/scripts/capacity.sh`); at 2 M rows a
+/// file is still two of DuckDB's 1 M-row groups.
+pub const MAX_COMPACTED_FILE_ROWS: usize = 2 << 20;
 
 /// Why a file could not be written.
 #[derive(Debug, thiserror::Error)]
