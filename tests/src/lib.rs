@@ -13,6 +13,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 pub mod demo;
+pub mod s3;
 
 /// The workspace's root directory.
 pub fn workspace_root() -> PathBuf {
@@ -724,3 +725,32 @@ fn dechunk(mut body: &[u8]) -> Vec<u8> {
     }
     out
 }
+
+/// The scheduler job trace the characterization store imports, in this
+/// order: an Acme-format dump (job types spelt as the AcmeTrace files spell
+/// them: `Eval`), then two overlapping sacct dumps. Job 7171 is RUNNING in
+/// the Acme dump and in the first sacct dump, COMPLETED in the last; 9999
+/// is in none. `(format, text)` pairs for `gputel-collector import-jobs`.
+pub const TRACE_IMPORTS: &[(&str, &str)] = &[
+    (
+        "acme",
+        "job_id,user,node_num,gpu_num,cpu_num,type,state,submit_time,start_time,end_time,duration,queue,gpu_time
+4242,alice,2,3,96,Pretrain,COMPLETED,2026-11-02 08:00:00,2026-11-02 08:05:00,2026-11-02 10:05:00,7200,300,21600.0
+5151,bob,1,1,16,Eval,FAILED,2026-11-02 09:00:00,2026-11-02 09:00:10,2026-11-02 09:10:10,600,10,600.0
+7171,alice,1,1,16,SFT,RUNNING,2026-11-02 09:30:00,2026-11-02 09:30:05,,,5,
+8080,carol,1,1,8,Debug,CANCELLED,2026-11-02 10:00:00,2026-11-02 10:00:01,2026-11-02 10:20:01,1200,1,1200.0
+",
+    ),
+    (
+        "sacct",
+        "JobID|User|Partition|State|Submit|Start|End|NNodes|AllocTRES|NodeList
+7171|alice|gpu|RUNNING|2026-11-02T09:30:00|2026-11-02T09:30:05|Unknown|1|billing=2,cpu=16,gres/gpu=1,mem=64G,node=1|gpu-node-001
+",
+    ),
+    (
+        "sacct",
+        "JobID|User|Partition|State|Submit|Start|End|NNodes|AllocTRES|NodeList
+7171|alice|gpu|COMPLETED|2026-11-02T09:30:00|2026-11-02T09:30:05|2026-11-02T11:30:05|1|billing=2,cpu=16,gres/gpu=1,mem=64G,node=1|gpu-node-001
+",
+    ),
+];

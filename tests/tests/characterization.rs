@@ -15,8 +15,8 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use gputel_tests::{
-    Running, SCENARIO_ENV, agent_bin, collector_bin, duckdb_value, fake_nvml, fixture,
-    fixture_agent, start_collector, table_scan, workspace_root,
+    Running, SCENARIO_ENV, TRACE_IMPORTS, agent_bin, collector_bin, duckdb_value, fake_nvml,
+    fixture, fixture_agent, start_collector, table_scan, workspace_root,
 };
 use serde_json::{Map, Value, json};
 
@@ -132,34 +132,6 @@ const MLX5_0_RCV_WORDS: u64 = 1_984_460_973_326_841;
 /// BUSY_TICKS + 1 ticks, then nothing: BUSY_TICKS busy port-ticks.
 const BUSY_TICKS: u64 = 12;
 const WORDS_PER_BUSY_TICK: u64 = 250_000_000;
-
-/// The scheduler's job trace, imported in this order: an Acme-format dump
-/// (job types spelt as the AcmeTrace files spell them: `Eval`), then two
-/// overlapping sacct dumps. Job 7171 is RUNNING in the Acme dump and in the
-/// first sacct dump, COMPLETED in the last; 9999 is in none.
-const IMPORTS: &[(&str, &str)] = &[
-    (
-        "acme",
-        "job_id,user,node_num,gpu_num,cpu_num,type,state,submit_time,start_time,end_time,duration,queue,gpu_time
-4242,alice,2,3,96,Pretrain,COMPLETED,2026-11-02 08:00:00,2026-11-02 08:05:00,2026-11-02 10:05:00,7200,300,21600.0
-5151,bob,1,1,16,Eval,FAILED,2026-11-02 09:00:00,2026-11-02 09:00:10,2026-11-02 09:10:10,600,10,600.0
-7171,alice,1,1,16,SFT,RUNNING,2026-11-02 09:30:00,2026-11-02 09:30:05,,,5,
-8080,carol,1,1,8,Debug,CANCELLED,2026-11-02 10:00:00,2026-11-02 10:00:01,2026-11-02 10:20:01,1200,1,1200.0
-",
-    ),
-    (
-        "sacct",
-        "JobID|User|Partition|State|Submit|Start|End|NNodes|AllocTRES|NodeList
-7171|alice|gpu|RUNNING|2026-11-02T09:30:00|2026-11-02T09:30:05|Unknown|1|billing=2,cpu=16,gres/gpu=1,mem=64G,node=1|gpu-node-001
-",
-    ),
-    (
-        "sacct",
-        "JobID|User|Partition|State|Submit|Start|End|NNodes|AllocTRES|NodeList
-7171|alice|gpu|COMPLETED|2026-11-02T09:30:00|2026-11-02T09:30:05|2026-11-02T11:30:05|1|billing=2,cpu=16,gres/gpu=1,mem=64G,node=1|gpu-node-001
-",
-    ),
-];
 
 /// A store written by the pipeline, and a scratch directory beside it.
 struct Store {
@@ -352,7 +324,7 @@ fn build_store() -> Store {
 /// Imports the trace with `gputel-collector import-jobs`, one dump after the
 /// other.
 fn import_trace(dir: &Path, store: &Path) {
-    for (n, (format, text)) in IMPORTS.iter().enumerate() {
+    for (n, (format, text)) in TRACE_IMPORTS.iter().enumerate() {
         let file = dir.join(format!("trace-{n}.{format}"));
         std::fs::write(&file, text).expect("write trace");
         import_file(store, format, &file);

@@ -5,157 +5,18 @@
 //! at first loses nothing, and one collector at a time compacts the bucket
 //! (its compaction lease, by conditional writes).
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+use gputel_tests::s3::{S3, s3_env, s3_server_bin};
 use gputel_tests::{
-    Running, collector_bin, duckdb_value, provided_path, run_loadgen, unused_port, workspace_root,
+    Running, collector_bin, duckdb_value, run_loadgen, unused_port, workspace_root,
 };
 use serde_json::json;
 
 const BUCKET: &str = "gputel-test";
 const PREFIX: &str = "cluster-a/telemetry";
-
-/// The S3 server command: `$GPUTEL_S3_SERVER`; under CI a missing one fails.
-fn s3_server_bin() -> Option<PathBuf> {
-    provided_path(
-        "GPUTEL_S3_SERVER",
-        "scripts/test installs moto[server] and sets it",
-    )
-}
-
-/// A running S3 server on 127.0.0.1.
-struct S3 {
-    _server: Running,
-    port: u16,
-}
-
-impl S3 {
-    /// Starts the server on `port` and waits until it answers.
-    fn start(bin: &Path, port: u16) -> S3 {
-        let mut cmd = Command::new(bin);
-        cmd.args(["-H", "127.0.0.1", "-p", &port.to_string()]);
-        let server = Running::spawn(cmd);
-        let s3 = S3 {
-            _server: server,
-            port,
-        };
-        // Waits on the API itself: a listing of buckets answers 200.
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Ok((200, _)) = s3.try_request("GET", "/") {
-                return s3;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the S3 server on port {port} did not answer within 60 s"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    /// One HTTP/1.0 request with a dummy signature: moto checks none, but
-    /// refuses anonymous reads of private objects.
-    fn try_request(&self, method: &str, path: &str) -> std::io::Result<(u16, Vec<u8>)> {
-        let mut conn = TcpStream::connect(("127.0.0.1", self.port))?;
-        conn.set_read_timeout(Some(Duration::from_secs(30)))?;
-        write!(
-            conn,
-            "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\n\
-             Authorization: AWS4-HMAC-SHA256 Credential=testing/20260101/us-east-1/s3/aws4_request, \
-             SignedHeaders=host, Signature=0\r\n\r\n",
-            self.port
-        )?;
-        let mut response = Vec::new();
-        conn.read_to_end(&mut response)?;
-        let split = response
-            .windows(4)
-            .position(|w| w == b"\r\n\r\n")
-            .ok_or_else(|| std::io::Error::other("no end of headers"))?;
-        let head = String::from_utf8_lossy(&response[..split]).into_owned();
-        let status = head
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| std::io::Error::other(format!("no status in {head:?}")))?;
-        Ok((status, response[split + 4..].to_vec()))
-    }
-
-    fn request(&self, method: &str, path: &str) -> Vec<u8> {
-        let (status, body) = self
-            .try_request(method, path)
-            .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
-        assert_eq!(
-            status,
-            200,
-            "{method} {path}: {}",
-            String::from_utf8_lossy(&body)
-        );
-        body
-    }
-
-    fn create_bucket(&self) {
-        self.request("PUT", &format!("/{BUCKET}"));
-    }
-
-    /// Every key in the bucket under `prefix` (ListObjectsV2, all pages).
-    fn keys(&self, prefix: &str) -> Vec<String> {
-        let mut keys = Vec::new();
-        let mut token: Option<String> = None;
-        loop {
-            let mut path = format!("/{BUCKET}?list-type=2&prefix={prefix}");
-            if let Some(t) = &token {
-                path.push_str(&format!("&continuation-token={t}"));
-            }
-            let body = String::from_utf8(self.request("GET", &path)).expect("utf-8 listing");
-            keys.extend(between_all(&body, "<Key>", "</Key>"));
-            token = between_all(&body, "<NextContinuationToken>", "</NextContinuationToken>")
-                .into_iter()
-                .next();
-            if token.is_none() {
-                return keys;
-            }
-        }
-    }
-
-    /// Downloads every object under `prefix` into `dir`, by the key's path
-    /// below the prefix.
-    fn download(&self, prefix: &str, dir: &Path) -> Vec<String> {
-        let keys = self.keys(prefix);
-        for key in &keys {
-            let rel = key.strip_prefix(prefix).expect("listed under the prefix");
-            let file = dir.join(rel.trim_start_matches('/'));
-            std::fs::create_dir_all(file.parent().expect("a parent"))
-                .expect("create a download directory");
-            let body = self.request("GET", &format!("/{BUCKET}/{}", key.replace('=', "%3D")));
-            std::fs::write(&file, body).expect("write a downloaded file");
-        }
-        keys
-    }
-}
-
-fn between_all(text: &str, open: &str, close: &str) -> Vec<String> {
-    text.split(open)
-        .skip(1)
-        .filter_map(|rest| rest.split_once(close).map(|(v, _)| v.to_owned()))
-        .collect()
-}
-
-/// The environment an S3 client of this server needs.
-fn s3_env(cmd: &mut Command) -> &mut Command {
-    cmd.env("AWS_ACCESS_KEY_ID", "testing")
-        .env("AWS_SECRET_ACCESS_KEY", "testing")
-        .env("AWS_REGION", "us-east-1")
-        .env_remove("AWS_ENDPOINT_URL")
-        .env_remove("AWS_SESSION_TOKEN")
-}
 
 /// A collector writing to `s3://BUCKET/<prefix>` on `s3`, its log in `wal`.
 fn s3_collector(endpoint: &str, prefix: &str, wal: &Path, extra: &[&str]) -> (Running, String) {
@@ -215,7 +76,7 @@ fn two_collectors_share_a_bucket_and_import_jobs_writes_there() {
     let Some(bin) = s3_server_bin() else { return };
     let tmp = tempfile::tempdir().unwrap();
     let s3 = S3::start(&bin, unused_port());
-    s3.create_bucket();
+    s3.create_bucket(BUCKET);
 
     let (a, addr_a) = s3_collector(&s3.endpoint(), PREFIX, &tmp.path().join("a.wal"), &[]);
     let (b, addr_b) = s3_collector(&s3.endpoint(), PREFIX, &tmp.path().join("b.wal"), &[]);
@@ -243,12 +104,12 @@ fn two_collectors_share_a_bucket_and_import_jobs_writes_there() {
     );
 
     let local = tmp.path().join("downloaded");
-    let keys = s3.download(PREFIX, &local);
+    let keys = s3.download(BUCKET, PREFIX, &local);
     // Nothing outside the prefix, nothing but Parquet files inside it, but
     // under _gputel/: the compaction lease one of the two took, given up at
     // its stop, and each collector's list of the nodes it streams, emptied
     // at its stop.
-    assert_eq!(s3.keys("").len(), keys.len());
+    assert_eq!(s3.keys(BUCKET, "").len(), keys.len());
     let (ours, keys): (Vec<String>, Vec<String>) = keys
         .into_iter()
         .partition(|k| k.starts_with(&format!("{PREFIX}/_gputel/")));
@@ -370,13 +231,13 @@ fn a_store_down_at_first_loses_nothing_and_doubles_nothing() {
     );
 
     let s3 = S3::start(&bin, port);
-    s3.create_bucket();
+    s3.create_bucket(BUCKET);
     agents.join().expect("load generator thread");
     let out = collector.terminate(Duration::from_secs(60));
     assert!(out.status.success(), "collector exit: {:?}", out.status);
 
     let local = tmp.path().join("downloaded");
-    s3.download(PREFIX, &local);
+    s3.download(BUCKET, PREFIX, &local);
     assert_eq!(
         gpu_rows(tmp.path(), &local, "late-"),
         (2 * 8 * 60, 2 * 8 * 60)
@@ -413,7 +274,7 @@ fn one_collector_at_a_time_compacts_a_shared_bucket() {
     let Some(bin) = s3_server_bin() else { return };
     let tmp = tempfile::tempdir().unwrap();
     let s3 = S3::start(&bin, unused_port());
-    s3.create_bucket();
+    s3.create_bucket(BUCKET);
     let every_second = ["--compact-interval", "1s"];
 
     let (mut a, addr_a) = s3_collector(
@@ -464,7 +325,7 @@ fn one_collector_at_a_time_compacts_a_shared_bucket() {
     );
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let keys = s3.keys(&gpu_hour);
+        let keys = s3.keys(BUCKET, &gpu_hour);
         let parquet: Vec<&String> = keys.iter().filter(|k| k.ends_with(".parquet")).collect();
         if parquet.len() == 1 && parquet[0].contains("/c-") {
             break;
@@ -519,7 +380,7 @@ fn one_collector_at_a_time_compacts_a_shared_bucket() {
     );
 
     let local = tmp.path().join("downloaded");
-    s3.download(PREFIX, &local);
+    s3.download(BUCKET, PREFIX, &local);
     let scan = format!(
         "read_parquet('{}/gpu/**/*.parquet', hive_partitioning = true)",
         local.display()

@@ -12,15 +12,14 @@
 //! metrics report.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use gputel_tests::s3::{S3, s3_env, s3_server_bin};
 use gputel_tests::{
-    Running, SCENARIO_ENV, agent_bin, collector_bin, fake_nvml, fixture, provided_path,
-    run_loadgen, shipped_query, unused_port, workspace_root,
+    Running, SCENARIO_ENV, TRACE_IMPORTS, agent_bin, collector_bin, fake_nvml, fixture,
+    provided_path, run_loadgen, shipped_query, unused_port, workspace_root,
 };
 use serde_json::Value;
 
@@ -111,155 +110,12 @@ temperature_c = 55
 xid_events = [{ at_ms = 300, xid = 79 }]
 "#;
 
-/// The scheduler trace, imported in this order (as tests/tests/characterization.rs):
-/// job 7171 RUNNING in the first two dumps, COMPLETED in the last.
-const IMPORTS: &[(&str, &str)] = &[
-    (
-        "acme",
-        "job_id,user,node_num,gpu_num,cpu_num,type,state,submit_time,start_time,end_time,duration,queue,gpu_time
-4242,alice,2,3,96,Pretrain,COMPLETED,2026-11-02 08:00:00,2026-11-02 08:05:00,2026-11-02 10:05:00,7200,300,21600.0
-5151,bob,1,1,16,Eval,FAILED,2026-11-02 09:00:00,2026-11-02 09:00:10,2026-11-02 09:10:10,600,10,600.0
-7171,alice,1,1,16,SFT,RUNNING,2026-11-02 09:30:00,2026-11-02 09:30:05,,,5,
-8080,carol,1,1,8,Debug,CANCELLED,2026-11-02 10:00:00,2026-11-02 10:00:01,2026-11-02 10:20:01,1200,1,1200.0
-",
-    ),
-    (
-        "sacct",
-        "JobID|User|Partition|State|Submit|Start|End|NNodes|AllocTRES|NodeList
-7171|alice|gpu|RUNNING|2026-11-02T09:30:00|2026-11-02T09:30:05|Unknown|1|billing=2,cpu=16,gres/gpu=1,mem=64G,node=1|gpu-node-001
-",
-    ),
-    (
-        "sacct",
-        "JobID|User|Partition|State|Submit|Start|End|NNodes|AllocTRES|NodeList
-7171|alice|gpu|COMPLETED|2026-11-02T09:30:00|2026-11-02T09:30:05|2026-11-02T11:30:05|1|billing=2,cpu=16,gres/gpu=1,mem=64G,node=1|gpu-node-001
-",
-    ),
-];
-
 /// The load generator's history: 40 ticks 5 minutes apart from 08:00, so
 /// the partitions hour=08 to hour=11 of 2026-11-02; the pruned query reads
 /// hour 09.
 const HISTORY_START: &str = "2026-11-02T08:00:00Z";
 const PRUNED_DATE: &str = "2026-11-02";
 const PRUNED_HOUR: u32 = 9;
-
-/// A running S3 server (moto) on loopback.
-struct S3 {
-    _server: Running,
-    port: u16,
-}
-
-impl S3 {
-    fn start(bin: &Path) -> S3 {
-        let port = unused_port();
-        let mut cmd = Command::new(bin);
-        cmd.args(["-H", "127.0.0.1", "-p", &port.to_string()]);
-        let s3 = S3 {
-            _server: Running::spawn(cmd),
-            port,
-        };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !matches!(s3.try_request("GET", "/"), Ok((200, _))) {
-            assert!(
-                Instant::now() < deadline,
-                "the S3 server did not answer within 60 s"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        s3
-    }
-
-    fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
-    }
-
-    /// One HTTP/1.0 request with a dummy signature (moto checks none).
-    fn try_request(&self, method: &str, path: &str) -> std::io::Result<(u16, Vec<u8>)> {
-        let mut conn = TcpStream::connect(("127.0.0.1", self.port))?;
-        conn.set_read_timeout(Some(Duration::from_secs(30)))?;
-        write!(
-            conn,
-            "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1:{}\r\nContent-Length: 0\r\n\
-             Authorization: AWS4-HMAC-SHA256 Credential=testing/20260101/us-east-1/s3/aws4_request, \
-             SignedHeaders=host, Signature=0\r\n\r\n",
-            self.port
-        )?;
-        let mut response = Vec::new();
-        conn.read_to_end(&mut response)?;
-        let split = response
-            .windows(4)
-            .position(|w| w == b"\r\n\r\n")
-            .ok_or_else(|| std::io::Error::other("no end of headers"))?;
-        let head = String::from_utf8_lossy(&response[..split]).into_owned();
-        let status = head
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| std::io::Error::other(format!("no status in {head:?}")))?;
-        Ok((status, response[split + 4..].to_vec()))
-    }
-
-    fn request(&self, method: &str, path: &str) -> Vec<u8> {
-        let (status, body) = self
-            .try_request(method, path)
-            .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
-        assert_eq!(
-            status,
-            200,
-            "{method} {path}: {}",
-            String::from_utf8_lossy(&body)
-        );
-        body
-    }
-
-    /// Every key under `prefix` (ListObjectsV2, all pages).
-    fn keys(&self, prefix: &str) -> Vec<String> {
-        let mut keys = Vec::new();
-        let mut token: Option<String> = None;
-        loop {
-            let mut path = format!("/{BUCKET}?list-type=2&prefix={prefix}");
-            if let Some(t) = &token {
-                path.push_str(&format!("&continuation-token={t}"));
-            }
-            let body = String::from_utf8(self.request("GET", &path)).expect("utf-8 listing");
-            keys.extend(between_all(&body, "<Key>", "</Key>"));
-            token = between_all(&body, "<NextContinuationToken>", "</NextContinuationToken>")
-                .into_iter()
-                .next();
-            if token.is_none() {
-                return keys;
-            }
-        }
-    }
-
-    /// Copies every object under `prefix` into `dir`, by its key below it.
-    fn download(&self, prefix: &str, dir: &Path) {
-        for key in self.keys(prefix) {
-            let rel = key.strip_prefix(prefix).expect("listed under the prefix");
-            let file = dir.join(rel.trim_start_matches('/'));
-            std::fs::create_dir_all(file.parent().expect("a parent")).expect("mkdir");
-            let body = self.request("GET", &format!("/{BUCKET}/{}", key.replace('=', "%3D")));
-            std::fs::write(&file, body).expect("write a downloaded object");
-        }
-    }
-}
-
-fn between_all(text: &str, open: &str, close: &str) -> Vec<String> {
-    text.split(open)
-        .skip(1)
-        .filter_map(|rest| rest.split_once(close).map(|(v, _)| v.to_owned()))
-        .collect()
-}
-
-/// The environment an S3 client of the test server needs.
-fn s3_env(cmd: &mut Command) -> &mut Command {
-    cmd.env("AWS_ACCESS_KEY_ID", "testing")
-        .env("AWS_SECRET_ACCESS_KEY", "testing")
-        .env("AWS_REGION", "us-east-1")
-        .env_remove("AWS_ENDPOINT_URL")
-        .env_remove("AWS_SESSION_TOKEN")
-}
 
 /// Writes the store into the bucket: agents, load generator, imports.
 fn write_store(s3: &S3, dir: &Path) {
@@ -335,7 +191,7 @@ fn write_store(s3: &S3, dir: &Path) {
         "collector failed"
     );
 
-    for (n, (format, text)) in IMPORTS.iter().enumerate() {
+    for (n, (format, text)) in TRACE_IMPORTS.iter().enumerate() {
         let file = dir.join(format!("trace-{n}.{format}"));
         std::fs::write(&file, text).expect("write trace");
         let mut cmd = Command::new(collector_bin());
@@ -472,19 +328,16 @@ fn spark_reads_the_s3_store_and_answers_as_duckdb() {
     ) else {
         return;
     };
-    let Some(moto) = provided_path(
-        "GPUTEL_S3_SERVER",
-        "scripts/test installs moto[server] and sets it",
-    ) else {
+    let Some(moto) = s3_server_bin() else {
         return;
     };
     let tmp = tempfile::tempdir().expect("tempdir");
     let dir = tmp.path();
-    let s3 = S3::start(&moto);
-    s3.request("PUT", &format!("/{BUCKET}"));
+    let s3 = S3::start(&moto, unused_port());
+    s3.create_bucket(BUCKET);
     write_store(&s3, dir);
     let local = dir.join("download");
-    s3.download(&format!("{PREFIX}/"), &local);
+    s3.download(BUCKET, &format!("{PREFIX}/"), &local);
 
     let queries = spark_queries();
     let pruned_sql = format!(
