@@ -66,8 +66,33 @@ fn gpu(id: u32, gpu: u32, ts_us: i64) -> GpuSample {
         fb_used_bytes: set.then_some(u64::from(id) << 30),
         fb_free_bytes: set.then_some((80 - u64::from(id)) << 30),
         fb_total_bytes: set.then_some(80 << 30),
+        // A pod's labels on two rows, one of them empty: a map or null.
+        pod_labels: match id {
+            5 => [("team", "pretrain"), ("app", "llama")]
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .into(),
+            7 => [("team".to_owned(), String::new())].into(),
+            _ => Default::default(),
+        },
         ..GpuSample::default()
     }
+}
+
+/// A map column's rows: the entries in key order, or None for a null map.
+fn maps(batch: &RecordBatch, name: &str) -> Vec<Option<Vec<(String, String)>>> {
+    let col = batch.column_by_name(name).expect(name).as_map();
+    (0..col.len())
+        .map(|row| {
+            col.is_valid(row).then(|| {
+                let entries = col.value(row);
+                let keys = entries.column(0).as_string::<i32>();
+                let values = entries.column(1).as_string::<i32>();
+                (0..entries.len())
+                    .map(|i| (keys.value(i).to_owned(), values.value(i).to_owned()))
+                    .collect()
+            })
+        })
+        .collect()
 }
 
 /// A node row; id 22 could read neither `stat` nor `loadavg`.
@@ -346,6 +371,16 @@ async fn gpu_rows_round_trip_sorted_by_node_gpu_ts_with_nulls_kept() {
             strings(&batch, "model"),
             want.iter().map(|s| s.model.clone()).collect::<Vec<_>>()
         );
+        assert_eq!(
+            maps(&batch, "pod_labels"),
+            want.iter()
+                .map(|s| {
+                    let entries: Vec<(String, String)> = s.pod_labels.clone().into_iter().collect();
+                    (!entries.is_empty()).then_some(entries)
+                })
+                .collect::<Vec<_>>(),
+            "hour {hour}"
+        );
         assert_eq!(i32s(&batch, "temperature_c"), col32(|s| s.temperature_c));
         assert_eq!(
             i32s(&batch, "memory_temperature_c"),
@@ -571,6 +606,9 @@ fn expected_encoding(field: &Field) -> Expect {
         DataType::Dictionary(_, value) if **value == DataType::Utf8 => Expect::Dictionary,
         // Lists of strings (node.jobs): the strings are dictionary-encoded.
         DataType::List(item) if *item.data_type() == DataType::Utf8 => Expect::Dictionary,
+        // Maps of strings to strings (gpu.pod_labels): keys and values are
+        // dictionary-encoded.
+        DataType::Map(_, _) => Expect::Dictionary,
         other => panic!("no encoding expectation for column type {other}; add one"),
     }
 }
@@ -658,11 +696,26 @@ async fn physical_layout_matches_the_design() {
         assert_eq!(group.sorting_columns(), Some(&want_sorting), "{name}");
 
         let schema = table.schema();
-        assert_eq!(group.num_columns(), schema.fields().len(), "{name}");
+        // Each field's Parquet leaf columns, in order: one, or a map's key
+        // and value.
+        let leaves: Vec<(usize, &arrow_schema::FieldRef)> = schema
+            .fields()
+            .iter()
+            .flat_map(|field| {
+                let n = if matches!(field.data_type(), DataType::Map(_, _)) {
+                    2
+                } else {
+                    1
+                };
+                std::iter::repeat_n(field, n)
+            })
+            .enumerate()
+            .collect();
+        assert_eq!(group.num_columns(), leaves.len(), "{name}");
         let group_reader = reader.get_row_group(0).expect("row group");
-        for (idx, field) in schema.fields().iter().enumerate() {
+        for (idx, field) in leaves {
             let chunk = group.column(idx);
-            let what = format!("{name} column {}", field.name());
+            let what = format!("{name} column {}", chunk.column_path());
             // A list column's one leaf is `<name>.list.item`.
             assert_eq!(chunk.column_path().parts()[0], *field.name(), "{what}");
             assert_eq!(chunk.compression_codec(), CompressionCodec::ZSTD, "{what}");
