@@ -206,7 +206,9 @@ pub type PodsRx = watch::Receiver<Option<Arc<PodDevices>>>;
 /// publishes what it read; runs until `tx` has no receiver.
 pub async fn watch_pods(options: KubeOptions, tx: watch::Sender<Option<Arc<PodDevices>>>) {
     let mut kubelet: Option<PodResourcesListerClient<Channel>> = None;
-    let mut api: Option<ApiServer> = None;
+    // Made at the first need; a configuration that cannot give one (no API
+    // server, no CA) is reported once and not tried again.
+    let mut api: Option<Option<ApiServer>> = None;
     let mut announced_absent = false;
     let mut failing = false;
     let mut ticker = tokio::time::interval(options.every);
@@ -236,7 +238,7 @@ pub async fn watch_pods(options: KubeOptions, tx: watch::Sender<Option<Arc<PodDe
                     kubelet = Some(client);
                 }
                 Err(e) => {
-                    report(&mut failing, &options.socket, &e.to_string());
+                    report(&mut failing, &options.socket, &with_sources(&e));
                     tx.send_replace(None);
                     continue;
                 }
@@ -260,11 +262,11 @@ pub async fn watch_pods(options: KubeOptions, tx: watch::Sender<Option<Arc<PodDe
         }
         let mut devices = listed;
         if !options.labels.is_empty() && !devices.is_empty() {
-            if api.is_none() {
-                api = ApiServer::new(&options)
+            let api = api.get_or_insert_with(|| {
+                ApiServer::new(&options)
                     .inspect_err(|e| warn!("pod labels will not be read: {e}"))
-                    .ok();
-            }
+                    .ok()
+            });
             if let Some(api) = api.as_mut() {
                 devices.labels = api.labels(&options, &devices.pods()).await;
             }
@@ -275,6 +277,19 @@ pub async fn watch_pods(options: KubeOptions, tx: watch::Sender<Option<Arc<PodDe
         );
         tx.send_replace(Some(Arc::new(devices)));
     }
+}
+
+/// An error and its causes, as one line (tonic's transport error alone
+/// says only "transport error").
+fn with_sources(e: &dyn std::error::Error) -> String {
+    let mut line = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        line.push_str(": ");
+        line.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    line
 }
 
 /// Logs a kubelet failure once per outage.
