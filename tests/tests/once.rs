@@ -70,13 +70,22 @@ fn the_default_fake_presents_eight_h100s_with_every_field() {
             assert!(!fields[field].is_null(), "GPU {i}: {field} is null");
         }
         // Every other field too, but for retired pages (H100s remap rows
-        // instead), the job and pod (the built-in GPUs run nothing), the
-        // MIG device fields (MIG is disabled) and the fan (SXM boards have
-        // none).
-        assert_eq!(fields.len(), 59, "{gpu}");
+        // instead), the job and pod (the built-in GPUs run nothing, and
+        // there is no kubelet: the labels are an empty map), the MIG device
+        // fields (MIG is disabled) and the fan (SXM boards have none).
+        assert_eq!(fields.len(), 63, "{gpu}");
+        assert_eq!(gpu["pod_labels"], json!({}));
         for (field, value) in fields {
             let absent = field.starts_with("retired_pages_")
-                || ["job_id", "pod_uid", "fan_speed_pct"].contains(&field.as_str())
+                || [
+                    "job_id",
+                    "pod_uid",
+                    "pod_namespace",
+                    "pod_name",
+                    "container",
+                    "fan_speed_pct",
+                ]
+                .contains(&field.as_str())
                 || [
                     "gpu_instance_id",
                     "compute_instance_id",
