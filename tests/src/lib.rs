@@ -681,6 +681,108 @@ impl Alertmanager {
     }
 }
 
+/// One request an [`HttpRecorder`] received.
+#[derive(Debug, Clone)]
+pub struct HttpRequest {
+    /// E.g. `POST /hook HTTP/1.1`.
+    pub request_line: String,
+    /// The body, of its Content-Length; "body not read: …" when it could not
+    /// be.
+    pub body: Vec<u8>,
+}
+
+impl HttpRequest {
+    /// The request target: path and query, as sent.
+    pub fn target(&self) -> &str {
+        self.request_line
+            .split_whitespace()
+            .nth(1)
+            .unwrap_or_default()
+    }
+
+    /// The body as JSON; a body that is not JSON is a string, to fail the
+    /// test that expects otherwise.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|_| {
+            serde_json::Value::String(String::from_utf8_lossy(&self.body).into_owned())
+        })
+    }
+}
+
+/// A plain HTTP/1.1 server on a free loopback port, on a thread of its own,
+/// standing in for a peer (a webhook receiver, an API server): it answers
+/// every request with 200 and one fixed JSON body, and records it.
+#[derive(Debug)]
+pub struct HttpRecorder {
+    /// `http://127.0.0.1:<port>`.
+    pub url: String,
+    received: std::sync::Arc<std::sync::Mutex<Vec<HttpRequest>>>,
+}
+
+impl HttpRecorder {
+    pub fn start(response: &'static str) -> HttpRecorder {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("local address"));
+        let received: std::sync::Arc<std::sync::Mutex<Vec<HttpRequest>>> =
+            std::sync::Arc::default();
+        let seen = std::sync::Arc::clone(&received);
+        std::thread::spawn(move || {
+            for stream in listener.incoming().map_while(Result::ok) {
+                let request = answer(stream, response);
+                seen.lock().expect("not poisoned").push(request);
+            }
+        });
+        HttpRecorder { url, received }
+    }
+
+    /// Every request so far, in order.
+    pub fn received(&self) -> Vec<HttpRequest> {
+        self.received.lock().expect("not poisoned").clone()
+    }
+}
+
+/// Reads one HTTP/1.1 request (a body of Content-Length bytes), answers
+/// `response` with 200 and closes.
+fn answer(stream: std::net::TcpStream, response: &str) -> HttpRequest {
+    use std::io::{Read, Write};
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("read timeout");
+    let mut reader = BufReader::new(stream.try_clone().expect("clone the stream"));
+    let mut request_line = String::new();
+    let _ = reader.read_line(&mut request_line);
+    let mut length = 0;
+    loop {
+        let mut line = String::new();
+        match reader.read_line(&mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) if line == "\r\n" => break,
+            Ok(_) => {
+                if let Some((name, value)) = line.split_once(':')
+                    && name.trim().eq_ignore_ascii_case("content-length")
+                {
+                    length = value.trim().parse().unwrap_or(0);
+                }
+            }
+        }
+    }
+    let mut body = vec![0; length];
+    if let Err(e) = reader.read_exact(&mut body) {
+        body = format!("body not read: {e}").into_bytes();
+    }
+    let mut stream = stream;
+    let _ = write!(
+        stream,
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n{response}",
+        response.len()
+    );
+    HttpRequest {
+        request_line: request_line.trim_end().to_owned(),
+        body,
+    }
+}
+
 /// A plain HTTP/1.1 GET on loopback: the status and the body; None when
 /// nothing answers.
 pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {

@@ -11,15 +11,13 @@
 //! The `alert` table holds a `firing` row from each collector and no
 //! `resolved` row.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::process::Command;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gputel_tests::{
-    Running, SCENARIO_ENV, alertmanager_bin, collector_bin, duckdb, fixture_agent, http_get,
+    HttpRecorder, Running, SCENARIO_ENV, alertmanager_bin, collector_bin, duckdb, fixture_agent,
+    http_get,
 };
 use serde_json::{Map, Value, json};
 
@@ -48,82 +46,6 @@ const GROUP_INTERVAL: Duration = Duration::from_secs(2);
 /// How often each collector re-sends firing alerts (`endsAt` four of them
 /// ahead: 20 s, far more than a failover takes here).
 const RESEND: &str = "5s";
-
-/// One request the webhook receiver got: its request line and JSON body.
-#[derive(Debug, Clone)]
-struct Notification {
-    request_line: String,
-    body: Value,
-}
-
-/// A webhook receiver for Alertmanager on a free loopback port: answers 200
-/// to every request and records it.
-struct Webhook {
-    url: String,
-    received: Arc<Mutex<Vec<Notification>>>,
-}
-
-impl Webhook {
-    fn start() -> Webhook {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the webhook receiver");
-        let url = format!(
-            "http://{}/hook",
-            listener.local_addr().expect("local address")
-        );
-        let received = Arc::new(Mutex::new(Vec::new()));
-        let seen = Arc::clone(&received);
-        std::thread::spawn(move || {
-            for stream in listener.incoming().map_while(Result::ok) {
-                let notification = read_request(stream);
-                seen.lock().expect("not poisoned").push(notification);
-            }
-        });
-        Webhook { url, received }
-    }
-
-    fn received(&self) -> Vec<Notification> {
-        self.received.lock().expect("not poisoned").clone()
-    }
-}
-
-/// Reads one HTTP/1.1 request (a body of Content-Length bytes), answers 200
-/// and closes; a body that is not JSON is kept as a string, to fail the test.
-fn read_request(stream: TcpStream) -> Notification {
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("read timeout");
-    let mut reader = BufReader::new(stream.try_clone().expect("clone the stream"));
-    let mut request_line = String::new();
-    let _ = reader.read_line(&mut request_line);
-    let mut length = 0;
-    loop {
-        let mut line = String::new();
-        match reader.read_line(&mut line) {
-            Ok(0) | Err(_) => break,
-            Ok(_) if line == "\r\n" => break,
-            Ok(_) => {
-                if let Some((name, value)) = line.split_once(':')
-                    && name.trim().eq_ignore_ascii_case("content-length")
-                {
-                    length = value.trim().parse().unwrap_or(0);
-                }
-            }
-        }
-    }
-    let mut body = vec![0; length];
-    let read = reader.read_exact(&mut body);
-    let mut stream = stream;
-    let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
-    let body = match read {
-        Ok(()) => serde_json::from_slice(&body)
-            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned())),
-        Err(e) => Value::String(format!("body not read: {e}")),
-    };
-    Notification {
-        request_line: request_line.trim_end().to_owned(),
-        body,
-    }
-}
 
 /// A real Alertmanager, clustering off, that routes every alert to
 /// `webhook` (resolutions too); waits until `/-/ready` answers. Returns it
@@ -239,8 +161,9 @@ fn millis(time: &Value) -> i64 {
 fn alerts_keep_firing_through_a_failover_without_a_second_notification() {
     let started = Instant::now();
     let dir = tempfile::tempdir().expect("tempdir");
-    let webhook = Webhook::start();
-    let Some((_am_process, am)) = alertmanager(dir.path(), &webhook.url) else {
+    // Alertmanager's webhook receiver: answers 200, records every notification.
+    let webhook = HttpRecorder::start("");
+    let Some((_am_process, am)) = alertmanager(dir.path(), &format!("{}/hook", webhook.url)) else {
         return;
     };
     let rules = dir.path().join("alerts.toml");
@@ -361,9 +284,10 @@ fn alerts_keep_firing_through_a_failover_without_a_second_notification() {
     assert_eq!(notifications.len(), 1, "{notifications:#?}");
     let notification = &notifications[0];
     assert_eq!(notification.request_line, "POST /hook HTTP/1.1");
-    assert_eq!(notification.body["status"], "firing", "{notification:#?}");
-    let alerts = notification.body["alerts"].as_array().expect("alerts");
-    assert_eq!(alerts.len(), 1, "{notification:#?}");
+    let body = notification.json();
+    assert_eq!(body["status"], "firing", "{body:#}");
+    let alerts = body["alerts"].as_array().expect("alerts");
+    assert_eq!(alerts.len(), 1, "{body:#}");
     assert_eq!(alerts[0]["status"], "firing");
     assert_eq!(alerts[0]["labels"], Value::Object(expected_labels));
     // The webhook prints times as Go does (no trailing zeros): compare instants.

@@ -22,8 +22,8 @@ use gputel_proto::podresources::{
     ListPodResourcesResponse, PodResources,
 };
 use gputel_tests::{
-    Running, agent_bin, collector_bin, duckdb, provided_path, run_scenario_pipeline, shipped_query,
-    table_scan, workspace_root,
+    HttpRecorder, Running, agent_bin, collector_bin, duckdb, provided_path, run_scenario_pipeline,
+    shipped_query, table_scan, workspace_root,
 };
 use serde_json::{Value, json};
 use tonic::{Request, Response, Status};
@@ -216,59 +216,22 @@ const POD_LIST: &str = r#"{"kind":"PodList","apiVersion":"v1","items":[
   {"metadata":{"name":"web","namespace":"train","labels":{"team":"web"}}}
 ]}"#;
 
-/// Serves the fake kubelet on `socket` and a one-route API server on a
-/// loopback port, on a thread of their own; returns the API server's URL
-/// and the query strings it was asked with.
-fn serve(socket: PathBuf, kubelet: FakeKubelet) -> (String, Arc<Mutex<Vec<String>>>) {
-    let queries = Arc::new(Mutex::new(Vec::new()));
-    let seen = Arc::clone(&queries);
-    let (url_tx, url_rx) = std::sync::mpsc::channel();
+/// Serves the fake kubelet on `socket`, on a thread of its own.
+fn serve_kubelet(socket: PathBuf, kubelet: FakeKubelet) {
+    let (up_tx, up_rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let runtime = tokio::runtime::Runtime::new().expect("runtime");
         runtime.block_on(async move {
             let listener = tokio::net::UnixListener::bind(&socket).expect("bind kubelet socket");
-            tokio::spawn(
-                tonic::transport::Server::builder()
-                    .add_service(PodResourcesListerServer::new(kubelet))
-                    .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
-            );
-            let api = tokio::net::TcpListener::bind("127.0.0.1:0")
+            up_tx.send(()).expect("the kubelet is up");
+            tonic::transport::Server::builder()
+                .add_service(PodResourcesListerServer::new(kubelet))
+                .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener))
                 .await
-                .expect("bind API server");
-            url_tx
-                .send(format!("http://{}", api.local_addr().expect("address")))
-                .expect("send URL");
-            loop {
-                let Ok((stream, _)) = api.accept().await else {
-                    return;
-                };
-                answer_pod_list(stream, &seen).await;
-            }
+                .expect("serve the kubelet");
         });
     });
-    (url_rx.recv().expect("fake servers up"), queries)
-}
-
-/// Answers one HTTP/1.1 request with the pod list, noting its target.
-async fn answer_pod_list(mut stream: tokio::net::TcpStream, seen: &Mutex<Vec<String>>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut request = Vec::new();
-    let mut buf = [0u8; 4096];
-    while !request.windows(4).any(|w| w == b"\r\n\r\n") {
-        match stream.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => request.extend_from_slice(&buf[..n]),
-        }
-    }
-    let request = String::from_utf8_lossy(&request);
-    let target = request.split_whitespace().nth(1).unwrap_or_default();
-    seen.lock().expect("lock").push(target.to_owned());
-    let response = format!(
-        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
-         connection: close\r\n\r\n{POD_LIST}",
-        POD_LIST.len()
-    );
-    let _ = stream.write_all(response.as_bytes()).await;
+    up_rx.recv().expect("the fake kubelet started");
 }
 
 fn pods_by_row(store: &Path, dir: &Path) -> Vec<Value> {
@@ -292,7 +255,9 @@ fn gpu_rows_name_the_pod_and_container_the_kubelet_allocated_them_to() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let socket = tmp.path().join("kubelet.sock");
     let kubelet = FakeKubelet::default();
-    let (api, queries) = serve(socket.clone(), kubelet.clone());
+    serve_kubelet(socket.clone(), kubelet.clone());
+    // The API server's pod list of the node.
+    let api = HttpRecorder::start(POD_LIST);
     let store = run_scenario_pipeline(
         tmp.path(),
         SCENARIO,
@@ -305,7 +270,7 @@ fn gpu_rows_name_the_pod_and_container_the_kubelet_allocated_them_to() {
             "--pod-label",
             "team,app.kubernetes.io/name",
             "--kube-api-server",
-            &api,
+            &api.url,
         ],
     );
     let t = TICKS;
@@ -354,7 +319,11 @@ fn gpu_rows_name_the_pod_and_container_the_kubelet_allocated_them_to() {
     // This node's pods, from the API server's cache, asked once: the list
     // is recent, and the pods it lacks (the two time-sliced ones) are asked
     // for again only 30 s later.
-    let queries = queries.lock().expect("lock").clone();
+    let queries: Vec<String> = api
+        .received()
+        .iter()
+        .map(|r| r.target().to_owned())
+        .collect();
     assert_eq!(
         queries,
         [format!(
