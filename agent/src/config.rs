@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::{Args, Parser};
+use gputel_schemas::column::{MAX_MAP_ENTRIES, MAX_VALUE_BYTES};
 use serde::Deserialize;
 
 use crate::metrics::HostnameLabel;
@@ -400,10 +401,17 @@ impl Config {
         if let Some(key) = config
             .pod_labels
             .iter()
-            .find(|key| key.is_empty() || key.len() > 256 || key.chars().any(char::is_control))
+            .find(|key| key.is_empty() || !crate::kube::storable_label(key))
         {
             return Err(ConfigError::Invalid(format!(
-                "pod-label {key:?} is not a label key: use 1 to 256 printable characters"
+                "pod-label {key:?} is not a label key: use 1 to {MAX_VALUE_BYTES} printable characters"
+            )));
+        }
+        // The collector refuses a row with more labels than that.
+        if config.pod_labels.len() > MAX_MAP_ENTRIES {
+            return Err(ConfigError::Invalid(format!(
+                "pod-label names {} labels: keep at most {MAX_MAP_ENTRIES}",
+                config.pod_labels.len()
             )));
         }
         let node_ok = !config.node.is_empty()
@@ -714,5 +722,28 @@ mod tests {
             err.starts_with("node name \"../../etc\" is invalid"),
             "{err}"
         );
+    }
+
+    /// Pod labels the collector would refuse in every row are refused here.
+    #[test]
+    fn pod_labels_the_collector_cannot_store_are_refused() {
+        let keys = |n: usize| {
+            (0..n)
+                .map(|i| format!("k{i}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let ok = load(&["--pod-label", &keys(64)]).expect("64 labels");
+        assert_eq!(ok.pod_labels.len(), 64);
+        assert_eq!(
+            load(&["--pod-label", &keys(65)]).unwrap_err(),
+            "pod-label names 65 labels: keep at most 64"
+        );
+        let long = "k".repeat(257);
+        assert_eq!(
+            load(&["--pod-label", &format!("team,{long}")]).unwrap_err(),
+            format!("pod-label {long:?} is not a label key: use 1 to 256 printable characters")
+        );
+        assert!(load(&["--pod-label", "team,,app"]).is_err());
     }
 }

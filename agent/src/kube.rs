@@ -35,6 +35,7 @@ use gputel_proto::podresources::pod_resources_lister_client::PodResourcesListerC
 use gputel_proto::podresources::{
     AllocatableResourcesRequest, ContainerDevices, ListPodResourcesRequest,
 };
+use gputel_schemas::column::MAX_VALUE_BYTES;
 use serde::Deserialize;
 use tokio::sync::watch;
 use tonic::transport::{Channel, Endpoint};
@@ -59,8 +60,11 @@ pub const LABELS_MAX_AGE: Duration = Duration::from_secs(300);
 /// created since, or one the API server does not know, such as a static pod
 /// without its mirror).
 pub const LABELS_RETRY: Duration = Duration::from_secs(30);
-/// Longest label key or value kept (the collector's limit for a string).
-const MAX_LABEL_BYTES: usize = 256;
+/// Whether the collector stores `s` as a label key or value: at most its
+/// limit for a string, no control characters.
+pub fn storable_label(s: &str) -> bool {
+    s.len() <= MAX_VALUE_BYTES && !s.chars().any(char::is_control)
+}
 
 /// One container that a device is allocated to.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -508,7 +512,6 @@ fn keep_labels(
     list: PodList,
     keep: &[String],
 ) -> HashMap<(String, String), BTreeMap<String, String>> {
-    let storable = |s: &str| s.len() <= MAX_LABEL_BYTES && !s.chars().any(char::is_control);
     list.items
         .into_iter()
         .map(|pod| pod.metadata)
@@ -516,7 +519,9 @@ fn keep_labels(
             let labels = meta
                 .labels
                 .into_iter()
-                .filter(|(key, value)| keep.contains(key) && storable(key) && storable(value))
+                .filter(|(key, value)| {
+                    keep.contains(key) && storable_label(key) && storable_label(value)
+                })
                 .collect();
             ((meta.namespace, meta.name), labels)
         })
