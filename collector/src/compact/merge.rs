@@ -151,21 +151,16 @@ impl Slice {
         (0..metadata.num_row_groups())
             .filter(|&i| {
                 let stats = ts.and_then(|ts| metadata.row_group(i).column(ts).statistics());
-                match stats {
-                    Some(parquet::file::statistics::Statistics::Int64(v)) => {
-                        match (v.min_opt(), v.max_opt()) {
-                            (Some(&min), Some(&max)) => {
-                                (Self::of(min, self.count)..=Self::of(max, self.count))
-                                    .contains(&self.index)
-                                    // A group reaching into another hour
-                                    // (never written so) is read whole.
-                                    || max - min >= Self::HOUR_US
-                            }
-                            _ => true,
-                        }
-                    }
-                    _ => true,
-                }
+                let Some(parquet::file::statistics::Statistics::Int64(v)) = stats else {
+                    return true;
+                };
+                let (Some(&min), Some(&max)) = (v.min_opt(), v.max_opt()) else {
+                    return true;
+                };
+                (Self::of(min, self.count)..=Self::of(max, self.count)).contains(&self.index)
+                    // A group reaching into another hour (never written so)
+                    // is read whole.
+                    || max - min >= Self::HOUR_US
             })
             .collect()
     }
