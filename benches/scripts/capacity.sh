@@ -33,15 +33,11 @@ machine
 if ((agents > 0)); then
   say "$agents agents of 8 GPUs, one tick a second each, for $seconds s, with the default alert rules"
   start_collector "$dir/streams" --rules systemd/alerts.toml
-  /usr/bin/time -v -o "$dir/loadgen.time" "$LOADGEN" \
-    --collector "http://127.0.0.1:$COLLECTOR_PORT" --agents "$agents" --gpus 8 \
-    --ticks "$seconds" --pace >"$dir/loadgen.out" 2>"$dir/loadgen.log" \
-    || die "gputel-loadgen failed: $(tail -5 "$dir/loadgen.log")"
-  load=$(cut -d' ' -f1-3 /proc/loadavg)
+  loadgen_run "$dir" "$agents" "$seconds" --pace
   stop_collector
   cpu=$(tv_cpu "$dir/streams/collector.time")
   cat "$dir/loadgen.out"
-  printf 'load average at the end of the load: %s\n' "$load"
+  printf 'load average at the end of the load: %s\n' "$LOAD_AT_END"
   printf 'collector: %s CPU s over %s s: %s cores, %s agents per core; peak RSS %s MB\n' \
     "$cpu" "$seconds" "$(awk -v c="$cpu" -v s="$seconds" 'BEGIN { printf "%.3f", c / s }')" \
     "$(awk -v c="$cpu" -v s="$seconds" -v a="$agents" 'BEGIN { printf "%.0f", a * s / c }')" \

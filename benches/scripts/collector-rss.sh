@@ -36,11 +36,8 @@ pid=$(pgrep -P "$COLLECTOR_PID" | head -1)
 ) >"$dir/rss.txt" &
 sampler=$!
 say "$agents agents${LOADGEN_FLAGS:+ ($LOADGEN_FLAGS)}, one tick a second each, for $seconds s, to a collector at its defaults${*:+ but $*}"
-/usr/bin/time -v -o "$dir/loadgen.time" "$LOADGEN" \
-  --collector "http://127.0.0.1:$COLLECTOR_PORT" --agents "$agents" --gpus 8 \
-  --ticks "$seconds" --pace ${LOADGEN_FLAGS:-} >"$dir/loadgen.out" 2>"$dir/loadgen.log" \
-  || die "gputel-loadgen failed: $(tail -5 "$dir/loadgen.log")"
-load=$(cut -d' ' -f1-3 /proc/loadavg)
+# shellcheck disable=SC2086 # LOADGEN_FLAGS holds several flags
+loadgen_run "$dir" "$agents" "$seconds" --pace ${LOADGEN_FLAGS:-}
 stop_collector
 wait "$sampler" 2>/dev/null || true
 
@@ -48,7 +45,7 @@ line=$(cat "$dir/loadgen.out")
 values=$(sed -n 's/.* values=\([0-9]*\).*/\1/p' <<<"$line")
 cpu=$(tv_cpu "$dir/collector.time")
 echo "$line"
-printf 'load average at the end of the load: %s\n' "$load"
+printf 'load average at the end of the load: %s\n' "$LOAD_AT_END"
 printf 'collector: %s CPU s for %s values: %s CPU s per million values, %s M values per CPU s\n' \
   "$cpu" "$values" "$(awk -v c="$cpu" -v v="$values" 'BEGIN { printf "%.3f", c / v * 1e6 }')" \
   "$(awk -v c="$cpu" -v v="$values" 'BEGIN { printf "%.2f", v / c / 1e6 }')"

@@ -89,6 +89,21 @@ stop_collector() {
   wait "$COLLECTOR_PID" || die "the collector failed: $(tail -5 "$(dirname "$COLLECTOR_TIME")/collector.log")"
 }
 
+# Runs gputel-loadgen against the collector of start_collector under
+# `/usr/bin/time -v`: AGENTS nodes of 8 GPUs sending TICKS ticks, more flags
+# after them (e.g. --pace); its report, summary line and log go to
+# DIR/loadgen.{time,out,log}. Sets LOAD_AT_END to the load average as it
+# finished.
+loadgen_run() {
+  local dir=$1 agents=$2 ticks=$3
+  shift 3
+  /usr/bin/time -v -o "$dir/loadgen.time" "$LOADGEN" \
+    --collector "http://127.0.0.1:$COLLECTOR_PORT" --agents "$agents" --gpus 8 \
+    --ticks "$ticks" "$@" >"$dir/loadgen.out" 2>"$dir/loadgen.log" \
+    || die "gputel-loadgen failed: $(tail -5 "$dir/loadgen.log")"
+  LOAD_AT_END=$(cut -d' ' -f1-3 /proc/loadavg)
+}
+
 # What the stores below were written from: the simulator's and the load
 # generator's source. A store made by another simulator is written again.
 simulator_stamp() {

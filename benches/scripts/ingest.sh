@@ -25,10 +25,7 @@ for agents in "${counts[@]}"; do
   ticks=$((batches / agents))
   run="$dir/$agents"
   start_collector "$run"
-  /usr/bin/time -v -o "$run/loadgen.time" "$LOADGEN" \
-    --collector "http://127.0.0.1:$COLLECTOR_PORT" --agents "$agents" --gpus 8 \
-    --ticks "$ticks" >"$run/loadgen.out" 2>"$run/loadgen.log" \
-    || die "gputel-loadgen failed: $(tail -5 "$run/loadgen.log")"
+  loadgen_run "$run" "$agents" "$ticks"
   stop_collector
   line=$(cat "$run/loadgen.out")
   values=$(sed -n 's/.* values=\([0-9]*\).*/\1/p' <<<"$line")
