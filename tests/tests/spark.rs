@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 
 use gputel_tests::s3::{S3, s3_env, s3_server_bin};
 use gputel_tests::{
-    Running, SCENARIO_ENV, TRACE_IMPORTS, agent_bin, collector_bin, fake_nvml, fixture,
-    provided_path, run_loadgen, shipped_query, unused_port, workspace_root,
+    Running, SCENARIO_ENV, TRACE_IMPORTS, collector_bin, fixture_agent, provided_path, run_loadgen,
+    shipped_query, unused_port, workspace_root,
 };
 use serde_json::Value;
 
@@ -142,15 +142,8 @@ fn write_store(s3: &S3, dir: &Path) {
         let map = dir.join(format!("jobmap-{node}"));
         std::fs::create_dir_all(&map).expect("mkdir");
         std::fs::write(map.join(mapped_gpu), format!("{mapped_job}\n")).expect("write mapping");
-        let mut cmd = Command::new(agent_bin());
-        cmd.arg("--nvml-lib")
-            .arg(fake_nvml())
-            .arg("--procfs-root")
-            .arg(fixture("proc"))
-            .arg("--sysfs-root")
-            .arg(fixture("sys"))
-            .args(["--node", node, "--plaintext"])
-            .args(["--collector", &format!("http://{addr}")])
+        let mut cmd = fixture_agent(node);
+        cmd.args(["--collector", &format!("http://{addr}")])
             .args(["--interval", "100ms", "--ticks", &TICKS.to_string()])
             .args(["--process-interval", "1h"])
             .arg("--hpc-job-mapping-dir")
