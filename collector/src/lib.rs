@@ -131,12 +131,23 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         .wal_min_free_bytes
         .unwrap_or_else(|| wal::default_min_free_bytes(total));
     wal.set_min_free_bytes(min_free)?;
-    info!(
-        wal = %config.wal_dir.display(),
-        free_bytes = free,
-        min_free_bytes = min_free,
-        "write-ahead log volume: batches are refused while less than min_free_bytes is free"
-    );
+    if free < min_free {
+        warn!(
+            wal = %config.wal_dir.display(),
+            free_bytes = free,
+            min_free_bytes = min_free,
+            "the write-ahead log's volume is already short of room: every batch is refused \
+             (agents keep theirs in their spool) until min_free_bytes is free; free some room \
+             or lower --wal-min-free-bytes"
+        );
+    } else {
+        info!(
+            wal = %config.wal_dir.display(),
+            free_bytes = free,
+            min_free_bytes = min_free,
+            "write-ahead log volume: batches are refused while less than min_free_bytes is free"
+        );
+    }
     if !replayed.records.is_empty() {
         info!(
             batches = replayed.records.len(),

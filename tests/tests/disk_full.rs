@@ -327,6 +327,9 @@ fn a_collector_starts_on_a_full_volume_and_catches_up_when_space_returns() {
     let filler = fill(&disk);
     let mut second = collector_on_disk(&holder, &mounted, "300ms", &[]);
     let addr = second.listening_address();
+    // Said once at start, before any agent is refused.
+    let short = second.find_log("already short of room", Duration::from_secs(1));
+    assert!(short.contains("WARN"), "{short}");
     second.wait_for_log("flush failed", Duration::from_secs(30));
     let agent = run_agent(&addr, "spool-2");
     // Refused while the volume is full; the agent keeps its batches.
