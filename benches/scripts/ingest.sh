@@ -7,6 +7,10 @@
 # flush included), since the load generator shares the machine.
 #
 #   benches/scripts/ingest.sh [BATCHES] [AGENTS...]   # default 60000, 10 100 1000
+#
+# LOADGEN_FLAGS go to the load generator: LOADGEN_FLAGS=--every-field sends
+# rows with every field a real HGX H100 node reports (about 450 values a
+# batch instead of about 130).
 cd "$(dirname "$0")/../.."
 source benches/scripts/common.sh
 
@@ -25,7 +29,8 @@ for agents in "${counts[@]}"; do
   ticks=$((batches / agents))
   run="$dir/$agents"
   start_collector "$run"
-  loadgen_run "$run" "$agents" "$ticks"
+  # shellcheck disable=SC2086 # LOADGEN_FLAGS holds several flags
+  loadgen_run "$run" "$agents" "$ticks" ${LOADGEN_FLAGS:-}
   stop_collector
   line=$(cat "$run/loadgen.out")
   values=$(sed -n 's/.* values=\([0-9]*\).*/\1/p' <<<"$line")

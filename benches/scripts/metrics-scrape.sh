@@ -6,7 +6,9 @@
 # same run: RATE times a second for DURATION seconds over a kept-alive
 # connection with `Accept-Encoding: ENCODING` (Prometheus sends gzip). A
 # second agent and a second node_exporter run beside them unscraped; the CPU
-# per scrape is the difference over the scrapes (see scrape-cpu.py).
+# per scrape is the difference over the scrapes (see scrape-cpu.py). A pair
+# of nginx servers (Debian's package) serve the agent's own page as a file
+# in the same run: the floor a scrape of those bytes costs on this machine.
 #
 #   benches/scripts/metrics-scrape.sh [DURATION] [RATE] [ENCODING]
 #   # defaults: 300 s, 1 scrape/s, gzip; ENCODING identity for plain text
@@ -24,6 +26,7 @@ build_release
 agent=${GPUTEL_BENCH_AGENT:-$AGENT}
 [[ -x $agent ]] || die "no agent at $agent"
 ensure_node_exporter
+ensure_nginx
 command -v python3 >/dev/null || die "python3 is missing (Debian: apt-get install python3)"
 dir=$(mktemp -d)
 trap 'set +e; [[ -n ${COLLECTOR_PID:-} ]] && pkill -P "$COLLECTOR_PID"; rm -rf "$dir"; true' EXIT
@@ -31,10 +34,10 @@ trap 'set +e; [[ -n ${COLLECTOR_PID:-} ]] && pkill -P "$COLLECTOR_PID"; rm -rf "
 start_collector "$dir"
 say "$agent and $GPUTEL_NODE_EXPORTER, scraped $rate time(s) a second for $duration s (Accept-Encoding: $encoding)"
 python3 benches/scripts/scrape-cpu.py --agent "$agent" --nvml-lib "$FAKE_NVML" \
-  --fixtures "$FIXTURES" --node-exporter "$GPUTEL_NODE_EXPORTER" \
+  --fixtures "$FIXTURES" --node-exporter "$GPUTEL_NODE_EXPORTER" --nginx "$GPUTEL_NGINX" \
   --collector "http://127.0.0.1:$COLLECTOR_PORT" --duration "$duration" --rate "$rate" \
   --accept-encoding "$encoding" --logs "$dir" ${GPUTEL_BENCH_JSON:+--json "$GPUTEL_BENCH_JSON"}
 stop_collector
 machine
-printf 'agent: %s; node_exporter: %s\n' "$agent" \
-  "$("$GPUTEL_NODE_EXPORTER" --version 2>&1 | head -1)"
+printf 'agent: %s; node_exporter: %s; %s\n' "$agent" \
+  "$("$GPUTEL_NODE_EXPORTER" --version 2>&1 | head -1)" "$("$GPUTEL_NGINX" -v 2>&1)"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Whole-process CPU per /metrics scrape, the gputel agent beside node_exporter.
+"""Whole-process CPU per /metrics scrape, the gputel agent beside node_exporter and nginx.
 
 Run by benches/scripts/metrics-scrape.sh, which builds the programs and
 starts the collector. Starts four processes at once, so that they share the
@@ -14,6 +14,12 @@ microsecond), and
 
 so the sampling every agent does, and whatever else is not a scrape, cancels
 out. Prints a table and writes the figures as JSON to --json.
+
+With --nginx, two nginx servers (single process, no access log) join
+them, serving the agent's own page as a file, captured from the scraped
+agent after its first tick in the encoding asked for: the floor, what a
+C web server pays in the same run to send the same cached bytes over the
+same kind of connection.
 """
 
 import argparse
@@ -54,6 +60,46 @@ def vm_hwm_mb(pid):
     return float("nan")
 
 
+NGINX_CONF = """daemon off;
+master_process off;
+worker_processes 1;
+pid {root}/nginx.pid;
+error_log stderr warn;
+events {{ worker_connections 16; }}
+http {{
+  access_log off;
+  default_type "text/plain; version=0.0.4; charset=utf-8";
+  client_body_temp_path {root}/tmp;
+  proxy_temp_path {root}/tmp;
+  fastcgi_temp_path {root}/tmp;
+  uwsgi_temp_path {root}/tmp;
+  scgi_temp_path {root}/tmp;
+  open_file_cache max=8 inactive=1h;
+  open_file_cache_valid 1h;
+  server {{
+    listen 127.0.0.1:{port};
+    root {root}/www;
+    location = /metrics {{ gzip_static {gzip_static}; }}
+  }}
+}}
+"""
+
+
+def nginx_serving(root, port, page, gzipped):
+    """The argv of an nginx serving `page` at /metrics from `root`, which
+    it creates: as metrics.gz with gzip_static when `gzipped`."""
+    os.makedirs(os.path.join(root, "www"), exist_ok=True)
+    os.makedirs(os.path.join(root, "tmp"), exist_ok=True)
+    name = "metrics.gz" if gzipped else "metrics"
+    with open(os.path.join(root, "www", name), "wb") as f:
+        f.write(page)
+    conf = os.path.join(root, "nginx.conf")
+    with open(conf, "w") as f:
+        f.write(NGINX_CONF.format(root=root, port=port,
+                                  gzip_static="always" if gzipped else "off"))
+    return ["-p", root, "-e", "stderr", "-c", conf]
+
+
 def loadavg():
     with open("/proc/loadavg") as f:
         return " ".join(f.read().split()[:3])
@@ -89,7 +135,7 @@ class Scraper:
             self.scrapes += 1
             self.wire_bytes += len(body)
             self.encodings.add(resp.getheader("Content-Encoding") or "identity")
-            return
+            return body
 
 
 def main():
@@ -98,6 +144,7 @@ def main():
     ap.add_argument("--nvml-lib", required=True)
     ap.add_argument("--fixtures", required=True)
     ap.add_argument("--node-exporter", required=True)
+    ap.add_argument("--nginx", help="nginx to serve the agent's page from, as the floor")
     ap.add_argument("--collector", required=True, help="the agents' collector URL")
     ap.add_argument("--duration", type=float, default=300)
     ap.add_argument("--rate", type=float, default=1.0, help="scrapes per second")
@@ -135,11 +182,20 @@ def main():
             wait_port(port, p, name)
         # The agents' first tick; node_exporter has values from the start.
         time.sleep(2)
-        load_start = loadavg()
         scrapers = {
             "agent": Scraper(procs["agent_scraped"][1], args.accept_encoding),
             "ne": Scraper(procs["ne_scraped"][1], args.accept_encoding),
         }
+        if args.nginx:
+            page = scrapers["agent"].scrape()
+            gzipped = scrapers["agent"].encodings == {"gzip"}
+            for name in ("nginx_scraped", "nginx_idle"):
+                port = free_port()
+                root = os.path.join(args.logs, name)
+                start(name, [args.nginx] + nginx_serving(root, port, page, gzipped), port)
+                wait_port(port, procs[name][0], name)
+            scrapers["nginx"] = Scraper(procs["nginx_scraped"][1], args.accept_encoding)
+        load_start = loadavg()
         n = int(round(args.duration * args.rate))
         t0 = time.monotonic()
         for i in range(n):
@@ -180,6 +236,7 @@ def main():
 
     agent_ms = per_scrape_ms("agent", scrapers["agent"])
     ne_ms = per_scrape_ms("ne", scrapers["ne"])
+    nginx_ms = per_scrape_ms("nginx", scrapers["nginx"]) if args.nginx else None
     result = {
         "duration_s": args.duration,
         "rate_hz": args.rate,
@@ -193,6 +250,7 @@ def main():
         "content_encoding": {k: sorted(s.encodings) for k, s in scrapers.items()},
         "agent_ms_per_scrape": agent_ms,
         "node_exporter_ms_per_scrape": ne_ms,
+        "nginx_ms_per_scrape": nginx_ms,
     }
 
     print(f"{args.duration:.0f} s, {args.rate:g} scrape(s)/s, Accept-Encoding: "
@@ -204,19 +262,29 @@ def main():
         "agent_idle": "gputel agent, not scraped",
         "ne_scraped": "node_exporter, scraped",
         "ne_idle": "node_exporter, not scraped",
+        "nginx_scraped": "nginx (the page), scraped",
+        "nginx_idle": "nginx (the page), not scraped",
     }
     for name, label in labels.items():
+        if name not in usage:
+            continue
         u = usage[name]
         print(f"{label:<30} {u['cpu_s']:9.3f} {u['user_s']:8.3f} {u['sys_s']:8.3f} "
               f"{u['cpu_s'] / wall * 1e3:9.3f} {u['peak_rss_mb']:6.1f} MB "
               f"{u['minor_faults']:12d} {u['voluntary_switches']:9d}")
-    for key, label in (("agent", "gputel agent"), ("ne", "node_exporter")):
+    for key, label in (("agent", "gputel agent"), ("ne", "node_exporter"), ("nginx", "nginx")):
+        if key not in scrapers:
+            continue
         s = scrapers[key]
         print(f"{label}: {s.scrapes} scrapes, {s.wire_bytes / max(s.scrapes, 1):.0f} bytes "
               f"each on the wire ({', '.join(sorted(s.encodings))})")
     ratio = ne_ms / agent_ms if agent_ms > 0 else float("inf")
     print(f"CPU per scrape: gputel agent {agent_ms:.3f} ms, node_exporter {ne_ms:.3f} ms "
           f"(node_exporter / agent = {ratio:.1f}x)")
+    if nginx_ms is not None:
+        print(f"nginx sending the agent's page: {nginx_ms:.3f} ms a scrape "
+              f"(agent / nginx = {agent_ms / nginx_ms:.2f}x; the agent's own part "
+              f"above that floor: {agent_ms - nginx_ms:.3f} ms)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=2)

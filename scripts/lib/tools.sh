@@ -44,6 +44,38 @@ ensure_duckdb() {
   export GPUTEL_DUCKDB="$DUCKDB"
 }
 
+# Unpacks MEMBERs (paths as `./usr/bin/x`) of Debian's package PACKAGE
+# into DIR, without installing it (installing some would also enable and
+# start a service); WHAT names the tool in messages, ON_PATH what to put on
+# PATH instead. Refreshes the package lists once, as root, when they are
+# stale.
+deb_unpack() {
+  local package=$1 dir=$2 what=$3 on_path=$4
+  shift 4
+  command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null \
+    || die "$what is not installed: install it and put $on_path on PATH (Debian: apt-get install $package)"
+  say "installing $what (Debian package $package, unpacked in $dir)"
+  local deb_dir
+  deb_dir=$(mktemp -d)
+  if ! (cd "$deb_dir" && apt-get download -qq "$package" >/dev/null 2>&1); then
+    if [[ $(id -u) != 0 ]]; then
+      rm -rf "$deb_dir"
+      die "$what is not installed and apt-get cannot download the Debian package $package (stale package lists?): run 'apt-get update' as root, or install $on_path and put it on PATH"
+    fi
+    apt-get update -qq >/dev/null
+    (cd "$deb_dir" && apt-get download -qq "$package" >/dev/null 2>&1) || {
+      rm -rf "$deb_dir"
+      die "apt-get could not download the Debian package $package; install $on_path and put it on PATH"
+    }
+  fi
+  mkdir -p "$dir"
+  dpkg-deb --fsys-tarfile "$deb_dir/${package}"_*.deb | tar -x -C "$dir" "$@" || {
+    rm -rf "$deb_dir"
+    die "could not unpack $what from the Debian package $package"
+  }
+  rm -rf "$deb_dir"
+}
+
 # Sets GPUTEL_PROMTOOL to Prometheus' promtool: one on PATH, else the one in
 # Debian's prometheus package, unpacked under target/tools. (Installing that
 # package would also enable and start a Prometheus server on port 9090.)
@@ -54,28 +86,7 @@ ensure_promtool() {
   else
     promtool="$dir/usr/bin/promtool"
     if [[ ! -x $promtool ]]; then
-      command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null \
-        || die "promtool is not installed: install Prometheus' promtool and put it on PATH (Debian: apt-get install prometheus)"
-      say "installing promtool (Debian package prometheus, unpacked in $dir)"
-      local deb_dir
-      deb_dir=$(mktemp -d)
-      if ! (cd "$deb_dir" && apt-get download -qq prometheus >/dev/null 2>&1); then
-        if [[ $(id -u) != 0 ]]; then
-          rm -rf "$deb_dir"
-          die "promtool is not installed and apt-get cannot download the Debian package prometheus (stale package lists?): run 'apt-get update' as root, or install promtool and put it on PATH"
-        fi
-        apt-get update -qq >/dev/null
-        (cd "$deb_dir" && apt-get download -qq prometheus >/dev/null 2>&1) || {
-          rm -rf "$deb_dir"
-          die "apt-get could not download the Debian package prometheus; install promtool and put it on PATH"
-        }
-      fi
-      mkdir -p "$dir"
-      dpkg-deb --fsys-tarfile "$deb_dir"/prometheus_*.deb | tar -x -C "$dir" ./usr/bin/promtool || {
-        rm -rf "$deb_dir"
-        die "could not unpack promtool from the Debian package prometheus"
-      }
-      rm -rf "$deb_dir"
+      deb_unpack prometheus "$dir" promtool promtool ./usr/bin/promtool
     fi
   fi
   "$promtool" --version >/dev/null 2>&1 || die "promtool at $promtool does not run"
@@ -169,29 +180,8 @@ ensure_alertmanager() {
     alertmanager=$(command -v prometheus-alertmanager)
   else
     if [[ ! -x $dir/alertmanager ]]; then
-      command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null \
-        || die "Alertmanager is not installed: install it and put alertmanager on PATH (Debian: apt-get install prometheus-alertmanager)"
-      say "installing Alertmanager (Debian package prometheus-alertmanager, unpacked in $dir)"
-      local deb_dir
-      deb_dir=$(mktemp -d)
-      if ! (cd "$deb_dir" && apt-get download -qq prometheus-alertmanager >/dev/null 2>&1); then
-        if [[ $(id -u) != 0 ]]; then
-          rm -rf "$deb_dir"
-          die "Alertmanager is not installed and apt-get cannot download the Debian package prometheus-alertmanager (stale package lists?): run 'apt-get update' as root, or install alertmanager and put it on PATH"
-        fi
-        apt-get update -qq >/dev/null
-        (cd "$deb_dir" && apt-get download -qq prometheus-alertmanager >/dev/null 2>&1) || {
-          rm -rf "$deb_dir"
-          die "apt-get could not download the Debian package prometheus-alertmanager; install alertmanager and put it on PATH"
-        }
-      fi
-      mkdir -p "$dir"
-      dpkg-deb --fsys-tarfile "$deb_dir"/prometheus-alertmanager_*.deb \
-        | tar -x -C "$dir" ./usr/bin/prometheus-alertmanager ./usr/share/prometheus/alertmanager || {
-        rm -rf "$deb_dir"
-        die "could not unpack alertmanager from the Debian package prometheus-alertmanager"
-      }
-      rm -rf "$deb_dir"
+      deb_unpack prometheus-alertmanager "$dir" Alertmanager alertmanager \
+        ./usr/bin/prometheus-alertmanager ./usr/share/prometheus/alertmanager
       # Debian's build reads its notification templates from the absolute
       # /usr/share/prometheus/alertmanager and stops without them. Point the
       # unpacked copy at its own: the path becomes relative (same length,
@@ -227,33 +217,28 @@ ensure_node_exporter() {
   else
     node_exporter="$dir/usr/bin/prometheus-node-exporter"
     if [[ ! -x $node_exporter ]]; then
-      command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null \
-        || die "node_exporter is not installed: install it and put node_exporter on PATH (Debian: apt-get install prometheus-node-exporter)"
-      say "installing node_exporter (Debian package prometheus-node-exporter, unpacked in $dir)"
-      local deb_dir
-      deb_dir=$(mktemp -d)
-      if ! (cd "$deb_dir" && apt-get download -qq prometheus-node-exporter >/dev/null 2>&1); then
-        if [[ $(id -u) != 0 ]]; then
-          rm -rf "$deb_dir"
-          die "node_exporter is not installed and apt-get cannot download the Debian package prometheus-node-exporter (stale package lists?): run 'apt-get update' as root, or install node_exporter and put it on PATH"
-        fi
-        apt-get update -qq >/dev/null
-        (cd "$deb_dir" && apt-get download -qq prometheus-node-exporter >/dev/null 2>&1) || {
-          rm -rf "$deb_dir"
-          die "apt-get could not download the Debian package prometheus-node-exporter; install node_exporter and put it on PATH"
-        }
-      fi
-      mkdir -p "$dir"
-      dpkg-deb --fsys-tarfile "$deb_dir"/prometheus-node-exporter_*.deb \
-        | tar -x -C "$dir" ./usr/bin/prometheus-node-exporter || {
-        rm -rf "$deb_dir"
-        die "could not unpack node_exporter from the Debian package prometheus-node-exporter"
-      }
-      rm -rf "$deb_dir"
+      deb_unpack prometheus-node-exporter "$dir" node_exporter node_exporter \
+        ./usr/bin/prometheus-node-exporter
     fi
   fi
   "$node_exporter" --version >/dev/null 2>&1 || die "node_exporter at $node_exporter does not run"
   export GPUTEL_NODE_EXPORTER="$node_exporter"
+}
+
+# Sets GPUTEL_NGINX to nginx: one on PATH, else the binary of Debian's nginx
+# package, unpacked under target/tools. benches/scripts/metrics-scrape.sh
+# serves the agent's own page from it, as the floor a scrape costs: what a
+# C web server pays to send the same cached bytes.
+ensure_nginx() {
+  local nginx dir="$tools_dir/nginx"
+  if command -v nginx >/dev/null && nginx -v >/dev/null 2>&1; then
+    nginx=$(command -v nginx)
+  else
+    nginx="$dir/usr/sbin/nginx"
+    [[ -x $nginx ]] || deb_unpack nginx "$dir" nginx nginx ./usr/sbin/nginx
+  fi
+  "$nginx" -v >/dev/null 2>&1 || die "nginx at $nginx does not run"
+  export GPUTEL_NGINX="$nginx"
 }
 
 # Sets GPUTEL_CHROMIUM to a headless-capable Chromium: one on PATH, else
