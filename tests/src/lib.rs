@@ -612,13 +612,19 @@ impl Alertmanager {
     /// Starts one with its storage and configuration under `dir`, and waits
     /// until `/-/ready` answers; None when the test is to be skipped.
     pub fn start(dir: &Path) -> Option<Alertmanager> {
-        let bin = alertmanager_bin()?;
-        let config = dir.join("alertmanager.yml");
-        std::fs::write(
-            &config,
+        Self::start_with_config(
+            dir,
             "route:\n  receiver: drop\n  group_wait: 1s\nreceivers:\n  - name: drop\n",
         )
-        .expect("write alertmanager.yml");
+    }
+
+    /// Like [`Alertmanager::start`], with `config` as its alertmanager.yml
+    /// (routes and receivers of the test's own).
+    pub fn start_with_config(dir: &Path, config: &str) -> Option<Alertmanager> {
+        let bin = alertmanager_bin()?;
+        let config_path = dir.join("alertmanager.yml");
+        std::fs::write(&config_path, config).expect("write alertmanager.yml");
+        let config = config_path;
         let port = unused_port();
         let addr = format!("127.0.0.1:{port}");
         let mut cmd = Command::new(&bin);

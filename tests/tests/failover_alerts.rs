@@ -16,8 +16,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use gputel_tests::{
-    HttpRecorder, Running, SCENARIO_ENV, alertmanager_bin, collector_bin, duckdb, fixture_agent,
-    http_get,
+    Alertmanager, HttpRecorder, Running, SCENARIO_ENV, collector_bin, duckdb, fixture_agent,
 };
 use serde_json::{Map, Value, json};
 
@@ -48,14 +47,11 @@ const GROUP_INTERVAL: Duration = Duration::from_secs(2);
 const RESEND: &str = "5s";
 
 /// A real Alertmanager, clustering off, that routes every alert to
-/// `webhook` (resolutions too); waits until `/-/ready` answers. Returns it
-/// and its `host:port`; None when the test is to be skipped.
-fn alertmanager(dir: &Path, webhook: &str) -> Option<(Running, String)> {
-    let bin = alertmanager_bin()?;
-    let config = dir.join("alertmanager.yml");
-    std::fs::write(
-        &config,
-        format!(
+/// `webhook` (resolutions too); None when the test is to be skipped.
+fn alertmanager(dir: &Path, webhook: &str) -> Option<Alertmanager> {
+    Alertmanager::start_with_config(
+        dir,
+        &format!(
             "route:\n  receiver: hook\n  group_by: [alertname]\n  group_wait: 1s\n  \
              group_interval: {}s\n  repeat_interval: 1h\n\
              receivers:\n  - name: hook\n    webhook_configs:\n      \
@@ -63,41 +59,11 @@ fn alertmanager(dir: &Path, webhook: &str) -> Option<(Running, String)> {
             GROUP_INTERVAL.as_secs()
         ),
     )
-    .expect("write alertmanager.yml");
-    let addr = format!("127.0.0.1:{}", gputel_tests::unused_port());
-    let mut cmd = Command::new(&bin);
-    cmd.arg(format!("--config.file={}", config.display()))
-        .arg(format!("--storage.path={}", dir.join("am-data").display()))
-        .arg(format!("--web.listen-address={addr}"))
-        .arg("--cluster.listen-address=");
-    let process = Running::spawn(cmd);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while http_get(&addr, "/-/ready").is_none_or(|(status, _)| status != 200) {
-        assert!(
-            Instant::now() < deadline,
-            "Alertmanager ({}) not ready on {addr} within 30 s",
-            bin.display()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Some((process, addr))
-}
-
-/// Alertmanager's active `GpuHot` alerts (`GET /api/v2/alerts`).
-fn gpu_hot(am: &str) -> Vec<Value> {
-    let (status, body) = http_get(am, "/api/v2/alerts").expect("Alertmanager answers");
-    assert_eq!(status, 200, "GET /api/v2/alerts: {body}");
-    let alerts: Vec<Value> =
-        serde_json::from_str(&body).unwrap_or_else(|e| panic!("alerts {body:?}: {e}"));
-    alerts
-        .into_iter()
-        .filter(|a| a["labels"]["alertname"] == "GpuHot")
-        .collect()
 }
 
 /// A collector on a free loopback port over `store`, its log in `wal`, with
 /// the rules and Alertmanager; returns it and its URL.
-fn collector(store: &Path, wal: &Path, rules: &Path, am: &str) -> (Running, String) {
+fn collector(store: &Path, wal: &Path, rules: &Path, am_url: &str) -> (Running, String) {
     let mut cmd = Command::new(collector_bin());
     cmd.args(["--plaintext", "--listen", "127.0.0.1:0", "--store"])
         .arg(store)
@@ -105,7 +71,7 @@ fn collector(store: &Path, wal: &Path, rules: &Path, am: &str) -> (Running, Stri
         .arg(wal)
         .args(["--flush-interval", "1s", "--rules"])
         .arg(rules)
-        .args(["--alertmanager-url", &format!("http://{am}")])
+        .args(["--alertmanager-url", am_url])
         .args(["--alert-resend-interval", RESEND])
         .env("RUST_LOG", "info");
     let mut running = Running::spawn(cmd);
@@ -163,15 +129,15 @@ fn alerts_keep_firing_through_a_failover_without_a_second_notification() {
     let dir = tempfile::tempdir().expect("tempdir");
     // Alertmanager's webhook receiver: answers 200, records every notification.
     let webhook = HttpRecorder::start("");
-    let Some((_am_process, am)) = alertmanager(dir.path(), &format!("{}/hook", webhook.url)) else {
+    let Some(am) = alertmanager(dir.path(), &format!("{}/hook", webhook.url)) else {
         return;
     };
     let rules = dir.path().join("alerts.toml");
     std::fs::write(&rules, RULES).expect("write rules");
     let store = dir.path().join("store");
     let (wal_a, wal_b) = (dir.path().join("a.wal"), dir.path().join("b.wal"));
-    let (a, url_a) = collector(&store, &wal_a, &rules, &am);
-    let (b, url_b) = collector(&store, &wal_b, &rules, &am);
+    let (a, url_a) = collector(&store, &wal_a, &rules, &am.url);
+    let (b, url_b) = collector(&store, &wal_b, &rules, &am.url);
 
     let scenario = dir.path().join("scenario.toml");
     std::fs::write(&scenario, SCENARIO).expect("write scenario");
@@ -222,7 +188,7 @@ fn alerts_keep_firing_through_a_failover_without_a_second_notification() {
 
     // Alertmanager has it firing and has notified once.
     let before = wait_until("GpuHot in Alertmanager", Duration::from_secs(30), || {
-        gpu_hot(&am).into_iter().next()
+        am.alerts_named("GpuHot").into_iter().next()
     });
     assert_eq!(before["labels"], Value::Object(expected_labels.clone()));
     assert_eq!(before["status"]["state"], "active", "{before:#}");
@@ -262,7 +228,7 @@ fn alerts_keep_firing_through_a_failover_without_a_second_notification() {
         "the survivor's alert in Alertmanager",
         Duration::from_secs(30),
         || {
-            let alerts = gpu_hot(&am);
+            let alerts = am.alerts_named("GpuHot");
             let updated = alerts.first()?["updatedAt"].as_str()?.to_owned();
             let updated = chrono::DateTime::parse_from_rfc3339(&updated).ok()?;
             (updated > killed_at).then_some(())
@@ -271,7 +237,7 @@ fn alerts_keep_firing_through_a_failover_without_a_second_notification() {
     // A few looks at the group by Alertmanager, and a resend of the survivor.
     std::thread::sleep(GROUP_INTERVAL * 3);
 
-    let after = gpu_hot(&am);
+    let after = am.alerts_named("GpuHot");
     assert_eq!(after.len(), 1, "{after:#?}");
     let alert = &after[0];
     assert_eq!(alert["labels"], Value::Object(expected_labels.clone()));
@@ -298,7 +264,7 @@ fn alerts_keep_firing_through_a_failover_without_a_second_notification() {
     assert!(stopped.status.success(), "{}", survivor_log.join("\n"));
     // Stopping sends no resolution either.
     assert!(
-        webhook.received().len() == 1 && gpu_hot(&am).len() == 1,
+        webhook.received().len() == 1 && am.alerts_named("GpuHot").len() == 1,
         "{:#?}",
         webhook.received()
     );
