@@ -618,13 +618,12 @@ impl Alertmanager {
         )
     }
 
-    /// Like [`Alertmanager::start`], with `config` as its alertmanager.yml
+    /// Like [`Alertmanager::start`], with `yaml` as its alertmanager.yml
     /// (routes and receivers of the test's own).
-    pub fn start_with_config(dir: &Path, config: &str) -> Option<Alertmanager> {
+    pub fn start_with_config(dir: &Path, yaml: &str) -> Option<Alertmanager> {
         let bin = alertmanager_bin()?;
-        let config_path = dir.join("alertmanager.yml");
-        std::fs::write(&config_path, config).expect("write alertmanager.yml");
-        let config = config_path;
+        let config = dir.join("alertmanager.yml");
+        std::fs::write(&config, yaml).expect("write alertmanager.yml");
         let port = unused_port();
         let addr = format!("127.0.0.1:{port}");
         let mut cmd = Command::new(&bin);
