@@ -36,6 +36,7 @@ pub mod write;
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -175,6 +176,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
             interval,
             config.flush_interval,
             config.retention.clone(),
+            config.wal_dir.join(compact::STAGING_DIR),
             maintenance_stop,
         ))
     });
@@ -204,12 +206,15 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
 /// alone this collector's files that its log has not released; only while
 /// this collector holds the store's compaction lease ([`compact::Lease`],
 /// kept from round to round and renewed at each, given up at `stop`).
+/// Compaction's spill files go under `spill_dir` when the store is not a
+/// local directory.
 async fn maintain(
     store: store::Store,
     shared: Arc<WritePath>,
     interval: Duration,
     flush_interval: Duration,
     retention: compact::Retention,
+    spill_dir: PathBuf,
     mut stop: watch::Receiver<bool>,
 ) {
     let (collector_id, _) = shared.log_position();
@@ -243,6 +248,7 @@ async fn maintain(
         let options = compact::CompactOptions {
             min_age: flush_interval + COMPACT_GRACE,
             unreleased_of: Some(shared.log_position()),
+            spill_dir: Some(spill_dir.clone()),
             ..compact::CompactOptions::default()
         };
         let now_us = Clock::System.now_us();

@@ -64,14 +64,21 @@ pub const BLOOM_FILTER_MAX_NDV: u64 = 65_536;
 /// [`MAX_ROW_GROUP_ROWS`], so this holds whenever the hour has this many rows.
 pub const MIN_COMPACTED_ROW_GROUP_ROWS: usize = 100_000;
 /// Most bytes of a compacted file's data page before compression: more
-/// than a column chunk of [`MAX_ROW_GROUP_ROWS`] 8-byte values, so the
-/// chunk is one page ([`compacted_properties`]).
+/// than [`COMPACTED_PAGE_ROWS`] 8-byte values, so rows alone end a page.
 pub const COMPACTED_PAGE_BYTES: usize = 16 << 20;
-/// Most rows in one compacted file, which compaction sorts in memory; an
-/// hour with more becomes several files. It bounds compaction's memory
-/// whatever the fleet's size: an hour of 200 nodes' gpu rows (5.8 M) took
-/// 4.0 GB merged at once (`benches/scripts/capacity.sh`); at 2 M rows a
-/// file is still two of DuckDB's 1 M-row groups.
+/// Rows in a compacted file's data page. The writer holds a page's values
+/// and null flags unencoded until the page ends (about 200 bytes a `gpu`
+/// row), so this bounds its memory: 25 MB. Pages this long compress within
+/// 1 % of one page per column chunk (benches/README.md, "Stored size").
+pub const COMPACTED_PAGE_ROWS: usize = 1 << 17;
+/// Most rows compaction sorts in memory at once: a range of nodes (of job
+/// ids for the `job` table) whose rows an hour's files hold at most this
+/// many of (`compact::merge`). About 0.4 KB a decoded `gpu` row: 50 MB.
+pub const MAX_MERGE_ROWS: usize = 1 << 17;
+/// Most rows in one compacted file; an hour with more becomes several,
+/// split between nodes. Object stores receive a file in one upload, read
+/// back into memory: at 2 M rows a file is 10-20 MB, still two of DuckDB's
+/// 1 M-row groups.
 pub const MAX_COMPACTED_FILE_ROWS: usize = 2 << 20;
 
 /// Why a file could not be written.
@@ -179,11 +186,11 @@ pub fn even_row_group_rows(rows: usize) -> usize {
 }
 
 /// Writer properties of a compacted file of `rows` rows: the table's, with
-/// equal row groups and one data page per column chunk.
+/// equal row groups and data pages of [`COMPACTED_PAGE_ROWS`].
 ///
 /// A page starts a fresh delta block and a fresh zstd frame, so the
 /// writer's default of 20 000 rows a page cut each compressor's view of an
-/// hour into slices; whole-chunk pages make the hour 3 % smaller
+/// hour into slices; long pages make the hour 3 % smaller
 /// (benches/README.md, "Stored size"). Compacted files are pruned by row
 /// group (node and time are sorted, so each group spans few nodes) and read
 /// a column chunk at a time, so the finer page index bought little.
@@ -192,7 +199,7 @@ pub fn compacted_properties(table: Table, rows: usize) -> WriterProperties {
     table_properties(table)
         .into_builder()
         .set_max_row_group_row_count(Some(group_rows))
-        .set_data_page_row_count_limit(group_rows)
+        .set_data_page_row_count_limit(group_rows.min(COMPACTED_PAGE_ROWS))
         .set_data_page_size_limit(COMPACTED_PAGE_BYTES)
         .build()
 }
@@ -482,25 +489,28 @@ mod tests {
     }
 
     #[test]
-    fn a_compacted_chunk_is_one_data_page_v1_and_a_flush_has_many() {
+    fn compacted_pages_are_long_v1_pages_and_a_flush_has_short_ones() {
         use parquet::basic::PageType;
-        let sorted = sort_rows(Table::Gpu, &unsorted_gpu_rows(25, 8, 120)).expect("sort");
+        let sorted = sort_rows(Table::Gpu, &unsorted_gpu_rows(150, 8, 120)).expect("sort");
         let rows = sorted.num_rows();
+        assert_eq!(rows, 144_000);
         let compacted = encode_with(
             Table::Gpu.schema(),
             compacted_properties(Table::Gpu, rows),
             &sorted,
         )
         .expect("encode");
-        assert_eq!(util_pages(&compacted), [[(rows, PageType::DATA_PAGE)]]);
-        // The flush writer keeps the default page size: 20 000 rows.
-        let flush = encode(Table::Gpu, Table::Gpu.schema(), &sorted).expect("encode");
         assert_eq!(
-            util_pages(&flush),
+            util_pages(&compacted),
             [[
-                (20_000, PageType::DATA_PAGE),
-                (rows - 20_000, PageType::DATA_PAGE)
+                (COMPACTED_PAGE_ROWS, PageType::DATA_PAGE),
+                (rows - COMPACTED_PAGE_ROWS, PageType::DATA_PAGE)
             ]]
         );
+        // The flush writer keeps the default page size: 20 000 rows.
+        let flush = encode(Table::Gpu, Table::Gpu.schema(), &sorted).expect("encode");
+        let mut pages = vec![(20_000, PageType::DATA_PAGE); 7];
+        pages.push((rows - 140_000, PageType::DATA_PAGE));
+        assert_eq!(util_pages(&flush), [pages]);
     }
 }

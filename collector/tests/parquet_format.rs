@@ -887,11 +887,13 @@ async fn a_flush_repeated_after_compaction_writes_nothing_twice() {
     assert_eq!(rows_in(dir.path(), "gpu", "hour=06"), (2, 12));
 }
 
-/// An hour with more rows than one compacted file may hold is merged in
-/// parts of the hour: several files, and still one row per key, even for
-/// keys repeated across files far apart in the listing.
+/// An hour with more rows than compaction sorts at once is merged a range
+/// of nodes at a time, its rows spilled per range in between, into several
+/// files: each sorted by (node, gpu, ts) from its first row to its last,
+/// each node's hour in one file, one row per key, even for keys repeated
+/// across files far apart in the listing, and no spill file left behind.
 #[tokio::test]
-async fn an_hour_too_large_for_one_file_loses_every_duplicate() {
+async fn an_hour_too_large_to_sort_at_once_loses_every_duplicate() {
     use gputel_collector::compact::{self, CompactOptions};
 
     let dir = tempfile::tempdir().expect("tempdir");
@@ -900,26 +902,30 @@ async fn an_hour_too_large_for_one_file_loses_every_duplicate() {
         &Default::default(),
     )
     .expect("open store");
-    // Ticks 20 s apart over the whole of hour 06, on 2 GPUs: 180 ticks.
+    const NODES: [&str; 6] = ["n1", "n2", "n3", "n4", "n5", "n6"];
+    // Ticks 20 s apart over the whole of hour 06, on 2 GPUs of each node.
     let tick = |t: i64| H6A + t * 20_000_000;
     let gpu_rows = |ticks: std::ops::Range<i64>, temperature: u32| {
         let mut buffer = WriteBuffer::default();
-        let batch = Batch {
-            seq: 1,
-            gpu: ticks
-                .flat_map(|t| {
-                    (0..2).map(move |g| GpuSample {
-                        temperature_c: Some(temperature),
-                        ..gpu(g, g, tick(t))
+        for (n, node) in NODES.iter().enumerate() {
+            let batch = Batch {
+                seq: 1,
+                gpu: ticks
+                    .clone()
+                    .flat_map(|t| {
+                        (0..2).map(move |g| GpuSample {
+                            temperature_c: Some(temperature + n as u32),
+                            ..gpu(g, g, tick(t))
+                        })
                     })
-                })
-                .collect(),
-            ..Default::default()
-        };
-        buffer.append(
-            "n1",
-            validate_batch(&batch, NOW + 3_600_000_000).expect("valid"),
-        );
+                    .collect(),
+                ..Default::default()
+            };
+            buffer.append(
+                node,
+                validate_batch(&batch, NOW + 3_600_000_000).expect("valid"),
+            );
+        }
         buffer
             .take()
             .expect("buffer assembles")
@@ -928,7 +934,8 @@ async fn an_hour_too_large_for_one_file_loses_every_duplicate() {
             .expect("gpu rows")
     };
     // Three collectors' files: the whole hour, its second half again, and
-    // its first 30 ticks a third time, 360 + 180 + 60 rows, 360 keys.
+    // its first 30 ticks a third time; per node 360 + 180 + 60 rows, 360
+    // keys.
     for (stem, ticks, temperature) in [
         ("a1-0000000000000001", 0..180, 40),
         ("b2-0000000000000001", 90..180, 50),
@@ -938,30 +945,36 @@ async fn an_hour_too_large_for_one_file_loses_every_duplicate() {
         let path = PartitionPath::new(Table::Gpu, key, stem).expect("stem");
         write_file(&store, &path, &rows).await.expect("write");
     }
-    assert_eq!(rows_in(dir.path(), "gpu", "hour=06"), (3, 600));
+    assert_eq!(rows_in(dir.path(), "gpu", "hour=06"), (3, 3600));
 
+    // What a merge cut short by a crash left is deleted by the next.
+    let stale = dir.path().join(".compacting/gputel-merge-stale");
+    std::fs::create_dir_all(&stale).expect("mkdir");
+    std::fs::write(stale.join("gpu-0.arrows"), b"spilled").expect("write");
+
+    // A node's 600 rows a range, two nodes' a file.
     let options = CompactOptions {
         tables: vec![Table::Gpu],
         min_age: std::time::Duration::ZERO,
-        max_file_rows: 100,
+        merge_rows: 700,
+        max_file_rows: 1300,
         ..CompactOptions::default()
     };
     let mut lease = lease(&store).await;
     let report = compact::compact(&store, NOW + 7_200_000_000, &options, &mut lease)
         .await
         .expect("compaction");
-    // 600 rows at 100 a file: six parts of the hour (ten minutes each).
     assert_eq!(
         (report.hours, report.files_in, report.rows, report.files_out),
-        (1, 3, 600, 6)
+        (1, 3, 3600, 3)
     );
-    assert_eq!(report.duplicates, 240);
-    assert_eq!(rows_in(dir.path(), "gpu", "hour=06"), (6, 360));
+    assert_eq!(report.duplicates, 6 * 240);
+    assert_eq!(rows_in(dir.path(), "gpu", "hour=06"), (3, 2160));
 
-    // Every key once, and each part of the hour in one file: the file
-    // whose name sorts last wins a key (here the third collector's for
-    // ticks 0-29, the second's for 90-179).
+    // Every key once, the file whose name sorts last winning it (the
+    // third collector's for ticks 0-29, the second's for 90-179).
     let mut keys = BTreeMap::new();
+    let mut nodes_of_files = Vec::new();
     for entry in std::fs::read_dir(dir.path().join("gpu/date=2026-11-21/hour=06")).expect("hour") {
         let path = entry.expect("entry").path();
         if path.extension().is_none_or(|e| e != "parquet") {
@@ -971,30 +984,56 @@ async fn an_hour_too_large_for_one_file_loses_every_duplicate() {
             .expect("reader")
             .build()
             .expect("reader");
-        let mut parts = std::collections::BTreeSet::new();
+        let mut rows = Vec::new();
         for batch in reader {
             let batch = batch.expect("batch");
+            let node = node_names(&batch);
             let ts = batch["ts"].as_primitive::<TimestampMicrosecondType>();
             let gpu = batch["gpu"].as_primitive::<Int32Type>();
             let temperature = batch["temperature_c"].as_primitive::<Int32Type>();
-            for i in 0..batch.num_rows() {
+            for (i, node) in node.into_iter().enumerate() {
                 let t = (ts.value(i) - H6A) / 20_000_000;
-                parts.insert((ts.value(i) - H6A) / 600_000_000);
-                let previous = keys.insert((t, gpu.value(i)), temperature.value(i));
+                rows.push((node.clone(), gpu.value(i), t));
+                let previous = keys.insert((node, t, gpu.value(i)), temperature.value(i));
                 assert_eq!(previous, None, "tick {t} gpu {} twice", gpu.value(i));
             }
         }
-        assert_eq!(parts.len(), 1, "{} spans parts {parts:?}", path.display());
+        assert!(rows.is_sorted(), "{} is not sorted", path.display());
+        let mut nodes: Vec<String> = rows.into_iter().map(|(n, _, _)| n).collect();
+        nodes.dedup();
+        nodes_of_files.push(nodes);
     }
-    assert_eq!(keys.len(), 360);
-    for ((t, _), temperature) in keys {
+    nodes_of_files.sort();
+    assert_eq!(
+        nodes_of_files,
+        [["n1", "n2"], ["n3", "n4"], ["n5", "n6"]].map(|f| f.map(str::to_owned))
+    );
+    assert_eq!(keys.len(), 6 * 360);
+    for ((node, t, _), temperature) in keys {
+        let n: u32 = node[1..].parse::<u32>().expect("node number") - 1;
         let expected = match t {
             0..30 => 60,
             90..180 => 50,
             _ => 40,
         };
-        assert_eq!(temperature, expected, "tick {t}");
+        assert_eq!(temperature as u32, expected + n, "{node} tick {t}");
     }
+    let staging = dir.path().join(".compacting");
+    let left: Vec<_> = std::fs::read_dir(&staging)
+        .map(|d| d.map(|e| e.expect("entry").path()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "left in {}: {left:?}", staging.display());
+}
+
+/// The `node` column of a batch, as text.
+fn node_names(batch: &RecordBatch) -> Vec<String> {
+    let node = batch["node"].as_dictionary::<Int32Type>();
+    let values = node.values().as_string::<i32>();
+    node.keys()
+        .values()
+        .iter()
+        .map(|&k| values.value(k as usize).to_owned())
+        .collect()
 }
 
 /// The store's compaction lease, for a test's own compaction.

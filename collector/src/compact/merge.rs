@@ -1,16 +1,32 @@
-//! Reading the files of an hour and merging them into one sorted file.
+//! Reading the files of an hour and merging them into sorted files, a
+//! bounded number of rows at a time.
+//!
+//! An hour is merged in [`Buckets`]: ranges of nodes (of job ids for the
+//! `job` table) that hold at most [`CompactOptions::merge_rows`] of its rows.
+//! A first reading of every file counts its rows per node ([`census`]); a
+//! second sends each row to its bucket ([`Spill`]): kept in memory when the
+//! hour is one bucket, else appended to the bucket's spill file. Then bucket
+//! after bucket, in order, the rows are sorted, kept once per row key and
+//! appended to the compacted files ([`Outputs`]). Each file is sorted by the
+//! table's sort key from its first row to its last, every GPU's hour in one
+//! run, and compaction holds one bucket's rows and the pages being written,
+//! whatever the size of the hour or the fleet.
 
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Write};
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
-use arrow_array::types::TimestampMicrosecondType;
-use arrow_array::{Array, BooleanArray, UInt32Array};
+use arrow_array::types::Int32Type;
+use arrow_array::{Array, ArrayRef, DictionaryArray, UInt32Array};
+use arrow_ipc::reader::StreamReader;
+use arrow_ipc::writer::{IpcWriteOptions, StreamWriter};
 use arrow_ord::ord::{DynComparator, make_comparator};
 use arrow_ord::sort::{SortColumn, lexsort_to_indices};
-use arrow_schema::{Schema, SortOptions};
-use arrow_select::filter::filter_record_batch;
-use arrow_select::take::take_record_batch;
+use arrow_schema::{DataType, Schema, SchemaRef, SortOptions};
+use arrow_select::take::{take, take_record_batch};
 use gputel_schemas::RowKey;
+use parquet::arrow::{ArrowWriter, ProjectionMask};
 
 use super::*;
 
@@ -56,25 +72,21 @@ fn reader_of(
     Ok(same.then_some(builder))
 }
 
-/// The rows of one file by its footer, or None when its schema is not the
-/// table's.
-pub(super) fn rows_of(
-    table: Table,
-    name: &str,
-    bytes: Bytes,
-) -> Result<Option<usize>, CompactError> {
-    Ok(reader_of(table, name, bytes)?
-        .map(|builder| usize::try_from(builder.metadata().file_metadata().num_rows()).unwrap_or(0)))
+/// What the first reading of a file learns: its rows, and how many of them
+/// hold each value of the table's first sort-key column.
+#[derive(Debug, Default)]
+pub(super) struct Census {
+    pub rows: usize,
+    pub keys: Vec<(Option<String>, usize)>,
 }
 
-/// The batches of one file, or None when its schema is not the table's.
-/// With `slice`, only its rows in that part of the hour.
-pub(super) fn decode(
+/// A file's [`Census`], or None when its schema is not the table's. Only
+/// the first sort-key column is decoded.
+pub(super) fn census(
     table: Table,
     name: &str,
     bytes: Bytes,
-    slice: Option<Slice>,
-) -> Result<Option<Vec<RecordBatch>>, CompactError> {
+) -> Result<Option<Census>, CompactError> {
     let err = |source| CompactError::Decode {
         path: name.to_owned(),
         source,
@@ -82,24 +94,104 @@ pub(super) fn decode(
     let Some(builder) = reader_of(table, name, bytes)? else {
         return Ok(None);
     };
-    let expected = table.schema();
-    let written = builder.schema().fields().len();
-    // Only the row groups whose times can fall in the slice: a file flushed
-    // by a serving collector spans its flush interval, so each part of a
-    // large hour decodes about its own share of the files, not all of them.
-    let builder = match slice {
-        Some(slice) => {
-            let groups = slice.row_groups_of(builder.metadata(), builder.parquet_schema());
-            builder.with_row_groups(groups)
-        }
-        None => builder,
-    };
-    let reader = builder.with_batch_size(64 * 1024).build().map_err(err)?;
-    let mut batches = Vec::new();
+    let rows = usize::try_from(builder.metadata().file_metadata().num_rows()).unwrap_or(0);
+    let key = builder
+        .schema()
+        .index_of(table.sort_key()[0])
+        .map_err(|e| err(ParquetError::ArrowError(e.to_string())))?;
+    let mask = ProjectionMask::roots(builder.parquet_schema(), [key]);
+    let reader = builder
+        .with_projection(mask)
+        .with_batch_size(64 * 1024)
+        .build()
+        .map_err(err)?;
+    let mut counts: BTreeMap<Option<String>, usize> = BTreeMap::new();
     for batch in reader {
         let batch = batch.map_err(|e| err(ParquetError::ArrowError(e.to_string())))?;
-        // The table's own schema (with its field metadata) for concatenation,
-        // columns added since the file was written null.
+        let keys = Keys::of(batch.column(0).as_ref())
+            .map_err(|e| err(ParquetError::ArrowError(e.to_string())))?;
+        let mut per_value = vec![0usize; keys.distinct.len()];
+        for &v in &keys.rows {
+            per_value[v] += 1;
+        }
+        for (value, n) in keys.distinct.iter().zip(per_value) {
+            if n > 0 {
+                *counts.entry(value.map(str::to_owned)).or_default() += n;
+            }
+        }
+    }
+    Ok(Some(Census {
+        rows,
+        keys: counts.into_iter().collect(),
+    }))
+}
+
+/// The values of a string column (dictionary-encoded or not): its distinct
+/// values (None: null) and, per row, the index of its value among them.
+struct Keys<'a> {
+    distinct: Vec<Option<&'a str>>,
+    rows: Vec<usize>,
+}
+
+impl<'a> Keys<'a> {
+    fn of(column: &'a dyn Array) -> Result<Self, ArrowError> {
+        let nulls = column.logical_nulls();
+        let valid = |i: usize| nulls.as_ref().is_none_or(|n| n.is_valid(i));
+        let not_strings =
+            || ArrowError::SchemaError(format!("a sort key of {} is not text", column.data_type()));
+        if let Some(dict) = column.as_any_dictionary_opt() {
+            let values = dict
+                .values()
+                .as_string_opt::<i32>()
+                .ok_or_else(not_strings)?;
+            let null = values.len();
+            let mut distinct: Vec<Option<&str>> =
+                (0..values.len()).map(|i| Some(values.value(i))).collect();
+            distinct.push(None);
+            let rows = dict
+                .normalized_keys()
+                .into_iter()
+                .enumerate()
+                .map(|(i, k)| if valid(i) { k } else { null })
+                .collect();
+            Ok(Self { distinct, rows })
+        } else {
+            let values = column.as_string_opt::<i32>().ok_or_else(not_strings)?;
+            let distinct = (0..values.len())
+                .map(|i| valid(i).then(|| values.value(i)))
+                .collect();
+            Ok(Self {
+                distinct,
+                rows: (0..values.len()).collect(),
+            })
+        }
+    }
+}
+
+/// Decodes one file, its batches handed to `each` in order, in the table's
+/// schema (columns added since the file was written null). Returns false,
+/// having read nothing, when its schema is not the table's.
+pub(super) fn decode(
+    table: Table,
+    name: &str,
+    bytes: Bytes,
+    mut each: impl FnMut(RecordBatch) -> Result<(), CompactError>,
+) -> Result<bool, CompactError> {
+    let err = |source| CompactError::Decode {
+        path: name.to_owned(),
+        source,
+    };
+    let Some(builder) = reader_of(table, name, bytes)? else {
+        return Ok(false);
+    };
+    let expected = table.schema();
+    let written = builder.schema().fields().len();
+    let reader = builder
+        .with_batch_size(DECODE_BATCH_ROWS)
+        .build()
+        .map_err(err)?;
+    for batch in reader {
+        let batch = batch.map_err(|e| err(ParquetError::ArrowError(e.to_string())))?;
         let mut columns = batch.columns().to_vec();
         for added in &expected.fields()[written..] {
             columns.push(arrow_array::new_null_array(
@@ -108,113 +200,430 @@ pub(super) fn decode(
             ));
         }
         let batch = RecordBatch::try_new(expected.clone(), columns)
-            .and_then(|batch| match slice {
-                Some(slice) => slice.rows_of(&batch),
-                None => Ok(batch),
-            })
             .map_err(|e| err(ParquetError::ArrowError(e.to_string())))?;
-        batches.push(batch);
+        each(batch)?;
     }
-    Ok(Some(batches))
+    Ok(true)
 }
 
-/// One of `count` equal parts of the hour, by each row's `ts`. An hour with
-/// more rows than one compacted file may hold is merged part by part: every
-/// table's row key holds `ts`, so rows with one key always fall in one part
-/// and every duplicate is removed, however many files the hour becomes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Slice {
-    pub index: usize,
-    pub count: usize,
+/// Rows decoded at a time while an hour's rows are spread over buckets.
+const DECODE_BATCH_ROWS: usize = 8192;
+
+/// Consecutive ranges of the first sort-key column's values (the node; the
+/// job id in `job`), each holding at most a given number of an hour's rows,
+/// so that each range is sorted and written on its own and the hour's files
+/// still hold its rows in the table's sort order. A value with more rows
+/// than that is a bucket of its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Buckets {
+    /// The first value of each bucket, ascending (None, a null, first:
+    /// nulls sort first).
+    starts: Vec<Option<String>>,
+    /// Rows of each bucket, as the census counted them.
+    pub rows: Vec<usize>,
 }
 
-impl Slice {
-    const HOUR_US: i64 = 3_600_000_000;
-
-    /// The part of the hour `ts_us` falls in.
-    fn of(ts_us: i64, count: usize) -> usize {
-        let into_hour = ts_us.rem_euclid(Self::HOUR_US) as i128;
-        (into_hour * count as i128 / Self::HOUR_US as i128) as usize
+impl Buckets {
+    pub fn plan(counts: &BTreeMap<Option<String>, usize>, max_rows: usize) -> Self {
+        let mut starts = Vec::new();
+        let mut rows: Vec<usize> = Vec::new();
+        for (value, &n) in counts {
+            match rows.last_mut() {
+                Some(last) if *last + n <= max_rows => *last += n,
+                _ => {
+                    starts.push(value.clone());
+                    rows.push(n);
+                }
+            }
+        }
+        if starts.is_empty() {
+            starts.push(None);
+            rows.push(0);
+        }
+        Self { starts, rows }
     }
 
-    /// The row groups of a file that may hold rows of this part: those
-    /// whose `ts` statistics overlap it, and those without statistics.
-    fn row_groups_of(
-        self,
-        metadata: &parquet::file::metadata::ParquetMetaData,
-        schema: &parquet::schema::types::SchemaDescriptor,
-    ) -> Vec<usize> {
-        let ts = schema
+    pub fn len(&self) -> usize {
+        self.starts.len()
+    }
+
+    pub fn of(&self, value: Option<&str>) -> usize {
+        self.starts
+            .partition_point(|start| start.as_deref() <= value)
+            .saturating_sub(1)
+    }
+}
+
+/// An hour's rows on their way to their buckets: in memory when the hour
+/// is one bucket, else appended to one spill file per bucket (Arrow IPC,
+/// LZ4), in the order of the files they come from.
+pub(super) struct Spill {
+    table: Table,
+    key: usize,
+    buckets: Buckets,
+    dir: PathBuf,
+    memory: Vec<RecordBatch>,
+    files: Vec<Option<StreamWriter<BufWriter<File>>>>,
+    /// The spill files' schema: dictionary-encoded columns as plain text,
+    /// since each spilled slice of a file would repeat its whole dictionary.
+    spilled: SchemaRef,
+}
+
+/// One bucket's rows, in the order of the files they came from.
+pub(super) enum BucketRows {
+    Memory(Vec<RecordBatch>),
+    File(PathBuf),
+    Empty,
+}
+
+impl Spill {
+    pub fn new(table: Table, buckets: Buckets, dir: &Path) -> Result<Self, ArrowError> {
+        let schema = table.schema();
+        let key = schema.index_of(table.sort_key()[0])?;
+        let spilled = Arc::new(Schema::new_with_metadata(
+            schema
+                .fields()
+                .iter()
+                .map(|f| match f.data_type() {
+                    DataType::Dictionary(_, value) => {
+                        f.as_ref().clone().with_data_type(value.as_ref().clone())
+                    }
+                    _ => f.as_ref().clone(),
+                })
+                .collect::<Vec<_>>(),
+            schema.metadata().clone(),
+        ));
+        let files = (0..buckets.len()).map(|_| None).collect();
+        Ok(Self {
+            table,
+            key,
+            buckets,
+            dir: dir.to_owned(),
+            memory: Vec::new(),
+            files,
+            spilled,
+        })
+    }
+
+    fn spill_err(&self, source: ArrowError) -> CompactError {
+        CompactError::Spill {
+            dir: self.dir.clone(),
+            source,
+        }
+    }
+
+    /// Sends each row of `batch` to its bucket.
+    pub fn add(&mut self, batch: RecordBatch) -> Result<(), CompactError> {
+        if batch.num_rows() == 0 {
+            return Ok(());
+        }
+        if self.buckets.len() == 1 {
+            self.memory.push(batch);
+            return Ok(());
+        }
+        let keys = Keys::of(batch.column(self.key).as_ref()).map_err(|e| self.spill_err(e))?;
+        let bucket_of: Vec<usize> = keys.distinct.iter().map(|v| self.buckets.of(*v)).collect();
+        let mut order: Vec<u32> = (0..batch.num_rows() as u32).collect();
+        order.sort_by_key(|&i| bucket_of[keys.rows[i as usize]]);
+        let mut start = 0;
+        while start < order.len() {
+            let bucket = bucket_of[keys.rows[order[start] as usize]];
+            let end = start
+                + order[start..].partition_point(|&i| bucket_of[keys.rows[i as usize]] == bucket);
+            let rows = if end - start == batch.num_rows() {
+                batch.clone()
+            } else {
+                take_record_batch(&batch, &UInt32Array::from(order[start..end].to_vec()))
+                    .map_err(|e| self.spill_err(e))?
+            };
+            self.write(bucket, rows).map_err(|e| self.spill_err(e))?;
+            start = end;
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, bucket: usize, rows: RecordBatch) -> Result<(), ArrowError> {
+        let columns = rows
             .columns()
             .iter()
-            .position(|c| c.path().parts() == [gputel_schemas::col::TS]);
-        (0..metadata.num_row_groups())
-            .filter(|&i| {
-                let stats = ts.and_then(|ts| metadata.row_group(i).column(ts).statistics());
-                let Some(parquet::file::statistics::Statistics::Int64(v)) = stats else {
-                    return true;
-                };
-                let (Some(&min), Some(&max)) = (v.min_opt(), v.max_opt()) else {
-                    return true;
-                };
-                (Self::of(min, self.count)..=Self::of(max, self.count)).contains(&self.index)
-                    // A group reaching into another hour (never written so)
-                    // is read whole.
-                    || max - min >= Self::HOUR_US
+            .map(|c| match c.as_dictionary_opt::<Int32Type>() {
+                Some(dict) => take(dict.values().as_ref(), dict.keys(), None),
+                None => Ok(Arc::clone(c)),
             })
-            .collect()
+            .collect::<Result<Vec<_>, _>>()?;
+        let rows = RecordBatch::try_new(Arc::clone(&self.spilled), columns)?;
+        if self.files[bucket].is_none() {
+            let path = self
+                .dir
+                .join(format!("{}-{bucket}.arrows", self.table.name()));
+            let options = IpcWriteOptions::default()
+                .try_with_compression(Some(arrow_ipc::CompressionType::LZ4_FRAME))?;
+            let file = BufWriter::new(File::create(path)?);
+            self.files[bucket] = Some(StreamWriter::try_new_with_options(
+                file,
+                &self.spilled,
+                options,
+            )?);
+        }
+        self.files[bucket]
+            .as_mut()
+            .expect("opened above")
+            .write(&rows)
     }
 
-    fn rows_of(self, batch: &RecordBatch) -> Result<RecordBatch, ArrowError> {
-        let ts = batch
-            .column_by_name(gputel_schemas::col::TS)
-            .and_then(|c| c.as_primitive_opt::<TimestampMicrosecondType>())
-            .ok_or_else(|| ArrowError::SchemaError("no microsecond ts column".into()))?;
-        let mask: BooleanArray = ts
-            .iter()
-            .map(|ts| Some(ts.map_or(0, |ts| Self::of(ts, self.count)) == self.index))
-            .collect();
-        filter_record_batch(batch, &mask)
+    /// Each bucket's rows, in bucket order.
+    pub fn finish(self) -> Result<Vec<BucketRows>, CompactError> {
+        if self.buckets.len() == 1 {
+            return Ok(vec![BucketRows::Memory(self.memory)]);
+        }
+        let mut out = Vec::with_capacity(self.files.len());
+        for (bucket, file) in self.files.into_iter().enumerate() {
+            match file {
+                Some(mut writer) => {
+                    writer.finish().map_err(|source| CompactError::Spill {
+                        dir: self.dir.clone(),
+                        source,
+                    })?;
+                    out.push(BucketRows::File(
+                        self.dir
+                            .join(format!("{}-{bucket}.arrows", self.table.name())),
+                    ));
+                }
+                None => out.push(BucketRows::Empty),
+            }
+        }
+        Ok(out)
     }
 }
 
-/// Merges a group of files' rows into one sorted, encoded file.
-pub(super) fn merge(
-    table: Table,
-    hour: &str,
-    group: Vec<RecordBatch>,
-    stems: &[String],
-    slice: Option<Slice>,
-) -> Result<Output, CompactError> {
-    let merge_err = |source| CompactError::Merge {
-        hour: hour.to_owned(),
-        source,
-    };
-    let schema = table.schema();
-    let all = arrow_select::concat::concat_batches(&schema, group.iter()).map_err(merge_err)?;
-    drop(group);
-    let (sorted, duplicates) = sort_unique(table, &all).map_err(merge_err)?;
-    drop(all);
-    let name = format!("{hour}/compacted");
-    let bytes = encode_with(
-        schema,
-        compacted_properties(table, sorted.num_rows()),
-        &sorted,
-    )
-    .map_err(|source| PersistError::Encode { path: name, source })?;
-    let mut named = stems.join("/");
-    if let Some(Slice { index, count }) = slice {
-        named.push_str(&format!("#{index}/{count}"));
+impl BucketRows {
+    /// The bucket's rows in the table's schema; a spill file is deleted
+    /// once read.
+    pub fn load(self, table: Table) -> Result<Vec<RecordBatch>, CompactError> {
+        let path = match self {
+            BucketRows::Memory(batches) => return Ok(batches),
+            BucketRows::Empty => return Ok(Vec::new()),
+            BucketRows::File(path) => path,
+        };
+        let err = |source| CompactError::Spill {
+            dir: path.parent().map(Path::to_owned).unwrap_or_default(),
+            source,
+        };
+        let schema = table.schema();
+        let reader = StreamReader::try_new(
+            BufReader::new(File::open(&path).map_err(|e| err(e.into()))?),
+            None,
+        )
+        .map_err(err)?;
+        let mut batches = Vec::new();
+        for batch in reader {
+            let batch = batch.map_err(err)?;
+            let columns = batch
+                .columns()
+                .iter()
+                .zip(schema.fields())
+                .map(|(c, f)| match f.data_type() {
+                    DataType::Dictionary(_, _) => dictionary_of(c.as_ref()),
+                    _ => Ok(Arc::clone(c)),
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(err)?;
+            batches.push(RecordBatch::try_new(Arc::clone(&schema), columns).map_err(err)?);
+        }
+        std::fs::remove_file(&path).map_err(|e| err(e.into()))?;
+        Ok(batches)
     }
-    let stem = format!(
-        "{COMPACTED_PREFIX}{:016x}",
-        XxHash64::oneshot(0, named.as_bytes())
-    );
-    Ok(Output {
-        stem,
-        bytes,
-        duplicates,
-    })
+}
+
+/// A text column dictionary-encoded again, as the table's schema has it.
+fn dictionary_of(column: &dyn Array) -> Result<ArrayRef, ArrowError> {
+    let text = column
+        .as_string_opt::<i32>()
+        .ok_or_else(|| ArrowError::SchemaError("a spilled dictionary column is not text".into()))?;
+    let dict: DictionaryArray<Int32Type> = text.iter().collect();
+    Ok(Arc::new(dict))
+}
+
+/// The compacted files of an hour, written one bucket at a time: each
+/// bucket's rows are sorted, kept once per row key and appended to the
+/// file the plan gives it, so that nothing holds more than a bucket's rows
+/// and the page being written.
+pub(super) struct Outputs {
+    table: Table,
+    dir: PathBuf,
+    hour: String,
+    /// The file of each bucket, and the rows each file is planned to hold.
+    file_of: Vec<usize>,
+    file_rows: Vec<usize>,
+    names: Vec<String>,
+    current: Option<(usize, ArrowWriter<BufWriter<File>>)>,
+    pub done: Vec<Output>,
+    pub duplicates: Duplicates,
+}
+
+impl Outputs {
+    /// Buckets go to files in order, a file holding at most `max_file_rows`
+    /// of the census's rows unless one bucket alone has more. Each file is
+    /// named by the merged files (`stems`) and, when there are several, its
+    /// place among them, so a repeated merge of the same files writes the
+    /// same names.
+    pub fn new(
+        table: Table,
+        dir: &Path,
+        hour: &str,
+        stems: &[String],
+        buckets: &Buckets,
+        max_file_rows: usize,
+    ) -> Self {
+        let mut file_of = Vec::with_capacity(buckets.len());
+        let mut file_rows: Vec<usize> = Vec::new();
+        for &rows in &buckets.rows {
+            match file_rows.last_mut() {
+                Some(last) if *last + rows <= max_file_rows || *last == 0 => *last += rows,
+                _ => file_rows.push(rows),
+            }
+            file_of.push(file_rows.len() - 1);
+        }
+        let joined = stems.join("/");
+        let count = file_rows.len();
+        let names = (0..count)
+            .map(|index| {
+                let named = if count > 1 {
+                    format!("{joined}#{index}/{count}")
+                } else {
+                    joined.clone()
+                };
+                format!(
+                    "{COMPACTED_PREFIX}{:016x}",
+                    XxHash64::oneshot(0, named.as_bytes())
+                )
+            })
+            .collect();
+        Self {
+            table,
+            dir: dir.to_owned(),
+            hour: hour.to_owned(),
+            file_of,
+            file_rows,
+            names,
+            current: None,
+            done: Vec::new(),
+            duplicates: Duplicates::default(),
+        }
+    }
+
+    fn path(&self, file: usize) -> PathBuf {
+        self.dir.join(format!("{}.parquet", self.names[file]))
+    }
+
+    fn encode_err(&self, file: usize, source: ParquetError) -> CompactError {
+        CompactError::Persist(PersistError::Encode {
+            path: self.path(file).display().to_string(),
+            source,
+        })
+    }
+
+    /// Sorts `bucket`'s rows, keeps one per key and appends them to its file.
+    pub fn merge(&mut self, bucket: usize, batches: Vec<RecordBatch>) -> Result<(), CompactError> {
+        let hour = self.hour.clone();
+        let merge_err = |source| CompactError::Merge {
+            hour: hour.clone(),
+            source,
+        };
+        if batches.iter().all(|b| b.num_rows() == 0) {
+            return Ok(());
+        }
+        let all = concat_columns(self.table.schema(), batches).map_err(merge_err)?;
+        let (keep, duplicates) = sort_unique(self.table, &all).map_err(merge_err)?;
+        self.duplicates.removed += duplicates.removed;
+        self.duplicates.differing += duplicates.differing;
+        let file = self.file_of[bucket];
+        if self.current.as_ref().is_none_or(|(f, _)| *f != file) {
+            self.close()?;
+            let path = self.path(file);
+            let created = File::create(&path).map_err(|source| {
+                CompactError::Persist(PersistError::Encode {
+                    path: path.display().to_string(),
+                    source: ParquetError::External(Box::new(source)),
+                })
+            })?;
+            let props = compacted_properties(self.table, self.file_rows[file]);
+            let writer =
+                ArrowWriter::try_new(BufWriter::new(created), self.table.schema(), Some(props))
+                    .map_err(|e| self.encode_err(file, e))?;
+            self.current = Some((file, writer));
+        }
+        let (file, writer) = self.current.as_mut().expect("opened above");
+        let file = *file;
+        let mut start = 0;
+        while start < keep.len() {
+            let end = (start + ENCODE_SLICE_ROWS).min(keep.len());
+            let rows =
+                take_record_batch(&all, &keep.slice(start, end - start)).map_err(merge_err)?;
+            if let Err(e) = writer.write(&rows) {
+                return Err(self.encode_err(file, e));
+            }
+            start = end;
+        }
+        Ok(())
+    }
+
+    /// Ends the file being written: its footer, flushed and synced.
+    fn close(&mut self) -> Result<(), CompactError> {
+        let Some((file, mut writer)) = self.current.take() else {
+            return Ok(());
+        };
+        let path = self.path(file);
+        writer.finish().map_err(|e| self.encode_err(file, e))?;
+        let sink = writer.inner_mut();
+        sink.flush()
+            .and_then(|()| sink.get_ref().sync_all())
+            .map_err(|e| self.encode_err(file, ParquetError::External(Box::new(e))))?;
+        let bytes = sink
+            .get_ref()
+            .metadata()
+            .map(|m| m.len())
+            .map_err(|e| self.encode_err(file, ParquetError::External(Box::new(e))))?;
+        self.done.push(Output {
+            stem: self.names[file].clone(),
+            path,
+            bytes,
+        });
+        Ok(())
+    }
+
+    pub fn finish(mut self) -> Result<(Vec<Output>, Duplicates), CompactError> {
+        self.close()?;
+        Ok((self.done, self.duplicates))
+    }
+}
+
+/// Rows taken at a time while a bucket is written in sorted order.
+const ENCODE_SLICE_ROWS: usize = 8192;
+
+/// The batches as one, concatenated a column at a time so that each
+/// column's parts are freed as soon as it is whole: the rows are held
+/// about once, not twice.
+fn concat_columns(schema: SchemaRef, batches: Vec<RecordBatch>) -> Result<RecordBatch, ArrowError> {
+    if batches.len() == 1 {
+        return Ok(batches.into_iter().next().expect("one batch"));
+    }
+    let mut parts: Vec<Vec<ArrayRef>> = (0..schema.fields().len())
+        .map(|_| Vec::with_capacity(batches.len()))
+        .collect();
+    for batch in batches {
+        for (i, column) in batch.columns().iter().enumerate() {
+            parts[i].push(Arc::clone(column));
+        }
+    }
+    let columns = parts
+        .into_iter()
+        .map(|column| {
+            let refs: Vec<&dyn Array> = column.iter().map(|a| a.as_ref()).collect();
+            arrow_select::concat::concat(&refs)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    RecordBatch::try_new(schema, columns)
 }
 
 /// Rows a merge left out because another row had their key.
@@ -249,14 +658,14 @@ fn key_columns(table: Table, schema: &Schema) -> Result<Vec<usize>, ArrowError> 
     Ok(key)
 }
 
-/// Sorts the rows of `batch` by the table's sort key and keeps one row per
-/// row key: the last one in `batch`, which holds the merged files in name
+/// The rows of `batch` to keep, in the table's sort order: one row per row
+/// key, the last one in `batch`, which holds the merged files in name
 /// order, so the row of the file whose name sorts last wins, the same one
-/// in every run. The rows stay sorted by the sort key.
+/// in every run.
 pub(super) fn sort_unique(
     table: Table,
     batch: &RecordBatch,
-) -> Result<(RecordBatch, Duplicates), ArrowError> {
+) -> Result<(UInt32Array, Duplicates), ArrowError> {
     let rows = u32::try_from(batch.num_rows()).map_err(|_| {
         ArrowError::ComputeError(format!("{} rows are too many to sort", batch.num_rows()))
     })?;
@@ -318,28 +727,12 @@ pub(super) fn sort_unique(
         }
         start = end;
     }
-    drop(sorted);
-    let unique = take_record_batch(batch, &UInt32Array::from(keep))?;
-    Ok((unique, duplicates))
-}
-
-/// [`merge`] on the blocking threads: sorting and encoding up to
-/// [`MAX_COMPACTED_FILE_ROWS`] rows takes seconds.
-pub(super) async fn merge_off_runtime(
-    table: Table,
-    hour: &str,
-    group: Vec<RecordBatch>,
-    stems: Vec<String>,
-    slice: Option<Slice>,
-) -> Result<Output, CompactError> {
-    let hour = hour.to_owned();
-    off_runtime(move || merge(table, &hour, group, &stems, slice)).await
+    Ok((UInt32Array::from(keep), duplicates))
 }
 
 #[cfg(test)]
 mod tests {
-    use arrow_array::cast::AsArray;
-    use arrow_array::types::{Int32Type, Int64Type, TimestampMicrosecondType};
+    use arrow_array::types::{Int64Type, TimestampMicrosecondType};
     use gputel_proto::{EventKind, GpuEvent, GpuSample};
     use gputel_schemas::{EventRows, EventSource, GpuRows};
 
@@ -386,7 +779,8 @@ mod tests {
         let batch = RecordBatch::try_new(Table::Gpu.schema(), rows.finish()).unwrap();
         assert_eq!(batch.num_rows(), 9);
 
-        let (unique, duplicates) = sort_unique(Table::Gpu, &batch).unwrap();
+        let (keep, duplicates) = sort_unique(Table::Gpu, &batch).unwrap();
+        let unique = take_record_batch(&batch, &keep).unwrap();
         assert_eq!(
             duplicates,
             Duplicates {
@@ -435,7 +829,8 @@ mod tests {
             rows.push("n1", &EventSource::Gpu(&e));
         }
         let batch = RecordBatch::try_new(Table::Event.schema(), rows.finish()).unwrap();
-        let (unique, duplicates) = sort_unique(Table::Event, &batch).unwrap();
+        let (keep, duplicates) = sort_unique(Table::Event, &batch).unwrap();
+        let unique = take_record_batch(&batch, &keep).unwrap();
         assert_eq!(
             duplicates,
             Duplicates {
@@ -452,70 +847,169 @@ mod tests {
         assert_eq!(codes, [13, 31]);
     }
 
+    /// Buckets are consecutive ranges of nodes of at most the given rows;
+    /// a node with more is one of its own, and a node no census counted
+    /// falls in the range it sorts into.
+    #[test]
+    fn buckets_are_ranges_of_nodes_of_bounded_rows() {
+        let counts: BTreeMap<Option<String>, usize> = [
+            (None, 1),
+            (Some("a".to_owned()), 40),
+            (Some("b".to_owned()), 50),
+            (Some("c".to_owned()), 20),
+            (Some("d".to_owned()), 300),
+            (Some("e".to_owned()), 10),
+        ]
+        .into_iter()
+        .collect();
+        let buckets = Buckets::plan(&counts, 100);
+        assert_eq!(buckets.rows, [91, 20, 300, 10]);
+        let values = [
+            None,
+            Some("a"),
+            Some("b"),
+            Some("bb"),
+            Some("c"),
+            Some("cz"),
+            Some("d"),
+            Some("e"),
+            Some("z"),
+        ];
+        assert_eq!(values.map(|v| buckets.of(v)), [0, 0, 0, 0, 1, 1, 2, 3, 3]);
+        let one = Buckets::plan(&counts, 1000);
+        assert_eq!((one.len(), one.of(Some("zz"))), (1, 0));
+        assert_eq!(Buckets::plan(&BTreeMap::new(), 10).rows, [0]);
+    }
+
+    fn gpu_batch(node_ticks: &[(&str, i64)]) -> RecordBatch {
+        let mut rows = GpuRows::default();
+        for &(node, t) in node_ticks {
+            rows.push(node, &gpu(0, T0 + t * S, None, 40 + t as u32));
+        }
+        RecordBatch::try_new(Table::Gpu.schema(), rows.finish()).unwrap()
+    }
+
+    /// (node, tick) of each row of `batch`.
+    fn node_ticks(batch: &RecordBatch) -> Vec<(String, i64)> {
+        let node = batch.column_by_name("node").unwrap();
+        let keys = Keys::of(node.as_ref()).unwrap();
+        let ts = batch
+            .column_by_name("ts")
+            .unwrap()
+            .as_primitive::<TimestampMicrosecondType>();
+        keys.rows
+            .iter()
+            .enumerate()
+            .map(|(i, &k)| (keys.distinct[k].unwrap().to_owned(), (ts.value(i) - T0) / S))
+            .collect()
+    }
+
+    fn owned(v: &[(&str, i64)]) -> Vec<(String, i64)> {
+        v.iter().map(|&(n, t)| (n.to_owned(), t)).collect()
+    }
+
+    /// Rows spilled to several buckets come back to the right bucket, in
+    /// the order they were added, in the table's schema with its
+    /// dictionary-encoded node column; each spill file is deleted once read.
+    #[test]
+    fn spilled_rows_come_back_whole_in_their_bucket() {
+        let dir = tempfile::tempdir().unwrap();
+        let counts: BTreeMap<Option<String>, usize> = ["n1", "n2", "n3"]
+            .map(|n| (Some(n.to_owned()), 4))
+            .into_iter()
+            .collect();
+        let buckets = Buckets::plan(&counts, 5);
+        assert_eq!(buckets.len(), 3);
+        let mut spill = Spill::new(Table::Gpu, buckets, dir.path()).unwrap();
+        spill
+            .add(gpu_batch(&[("n3", 0), ("n1", 0), ("n2", 0), ("n1", 1)]))
+            .unwrap();
+        spill.add(gpu_batch(&[("n1", 2), ("n3", 1)])).unwrap();
+        let rows = spill.finish().unwrap();
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 3);
+        let mut got = Vec::new();
+        for bucket in rows {
+            let batches = bucket.load(Table::Gpu).unwrap();
+            assert!(batches.iter().all(|b| b.schema() == Table::Gpu.schema()));
+            got.push(batches.iter().flat_map(node_ticks).collect::<Vec<_>>());
+        }
+        assert_eq!(
+            got,
+            [
+                owned(&[("n1", 0), ("n1", 1), ("n1", 2)]),
+                owned(&[("n2", 0)]),
+                owned(&[("n3", 0), ("n3", 1)]),
+            ]
+        );
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    /// Buckets written one after the other make files sorted from their
+    /// first row to their last, a new file where the next bucket would take
+    /// one past its rows, and names that depend only on the merged files.
+    #[test]
+    fn outputs_are_sorted_files_of_whole_buckets() {
+        let dir = tempfile::tempdir().unwrap();
+        let counts: BTreeMap<Option<String>, usize> = ["n1", "n2", "n3"]
+            .map(|n| (Some(n.to_owned()), 3))
+            .into_iter()
+            .collect();
+        let buckets = Buckets::plan(&counts, 3);
+        let stems = ["a-1".to_owned(), "b-1".to_owned()];
+        let mut outputs = Outputs::new(Table::Gpu, dir.path(), "gpu/h", &stems, &buckets, 6);
+        // Each bucket's rows out of order, and one of them twice.
+        let first = vec![
+            gpu_batch(&[("n1", 2), ("n1", 0)]),
+            gpu_batch(&[("n1", 1), ("n1", 0)]),
+        ];
+        outputs.merge(0, first).unwrap();
+        outputs
+            .merge(1, vec![gpu_batch(&[("n2", 1), ("n2", 0)])])
+            .unwrap();
+        outputs.merge(2, vec![gpu_batch(&[("n3", 0)])]).unwrap();
+        let (files, duplicates) = outputs.finish().unwrap();
+        assert_eq!(
+            duplicates,
+            Duplicates {
+                removed: 1,
+                differing: 0
+            }
+        );
+        let again = Outputs::new(Table::Gpu, dir.path(), "gpu/h", &stems, &buckets, 6);
+        let stems_out: Vec<String> = files.iter().map(|f| f.stem.clone()).collect();
+        assert_eq!(again.names, stems_out);
+        assert_eq!(files.len(), 2);
+        assert_ne!(files[0].stem, files[1].stem);
+        let mut read = Vec::new();
+        for file in &files {
+            let bytes = Bytes::from(std::fs::read(&file.path).unwrap());
+            assert_eq!(file.bytes, bytes.len() as u64);
+            let batches = decoded(Table::Gpu, "out.parquet", bytes).unwrap();
+            read.push(batches.iter().flat_map(node_ticks).collect::<Vec<_>>());
+        }
+        assert_eq!(
+            read,
+            [
+                owned(&[("n1", 0), ("n1", 1), ("n1", 2), ("n2", 0), ("n2", 1)]),
+                owned(&[("n3", 0)]),
+            ]
+        );
+    }
+
+    fn decoded(table: Table, name: &str, bytes: Bytes) -> Option<Vec<RecordBatch>> {
+        let mut batches = Vec::new();
+        decode(table, name, bytes, |b| {
+            batches.push(b);
+            Ok(())
+        })
+        .unwrap()
+        .then_some(batches)
+    }
+
     /// Files written before the schema grew are read into it for
     /// compaction: an event file from before node events (`gpu` and `uuid`
     /// not nullable), an alert file from before `reason` (null there); a
     /// file with a nullable column the table requires is not.
-    /// A part of a sliced hour decodes only the row groups whose times can
-    /// fall in it, and still gets every one of its rows.
-    #[test]
-    fn a_slice_reads_only_the_row_groups_of_its_part_of_the_hour() {
-        use parquet::arrow::ArrowWriter;
-        use parquet::file::properties::WriterProperties;
-
-        // The hour of T0, in four quarters; one row group per quarter-hour
-        // minute, as four 10 s flushes would be, and a fifth spanning two
-        // quarters.
-        let hour_start = T0 - T0.rem_euclid(Slice::HOUR_US);
-        let quarter = Slice::HOUR_US / 4;
-        let groups: [&[i64]; 5] = [
-            &[hour_start, hour_start + 10 * S],
-            &[hour_start + quarter + S],
-            &[hour_start + 2 * quarter + 5 * S],
-            &[hour_start + 3 * quarter + 9 * S],
-            &[hour_start + quarter - S, hour_start + quarter],
-        ];
-        let mut bytes = Vec::new();
-        let props = WriterProperties::builder().build();
-        let mut writer =
-            ArrowWriter::try_new(&mut bytes, Table::Gpu.schema(), Some(props)).unwrap();
-        for times in groups {
-            let mut rows = GpuRows::default();
-            for &ts in times {
-                rows.push("n1", &gpu(0, ts, None, 40));
-            }
-            let batch = RecordBatch::try_new(Table::Gpu.schema(), rows.finish()).unwrap();
-            writer.write(&batch).unwrap();
-            writer.flush().unwrap();
-        }
-        writer.close().unwrap();
-        let bytes = Bytes::from(bytes);
-
-        let builder = ParquetRecordBatchReaderBuilder::try_new(bytes.clone()).unwrap();
-        assert_eq!(builder.metadata().num_row_groups(), 5);
-        let groups_of = |index| {
-            Slice { index, count: 4 }.row_groups_of(builder.metadata(), builder.parquet_schema())
-        };
-        assert_eq!(
-            (0..4).map(groups_of).collect::<Vec<_>>(),
-            [vec![0, 4], vec![1, 4], vec![2], vec![3]]
-        );
-        // Every row lands in exactly one part, whatever groups were skipped.
-        let mut per_part = Vec::new();
-        for index in 0..4 {
-            let read = decode(
-                Table::Gpu,
-                "f.parquet",
-                bytes.clone(),
-                Some(Slice { index, count: 4 }),
-            )
-            .unwrap()
-            .expect("the table's schema");
-            per_part.push(read.iter().map(RecordBatch::num_rows).sum::<usize>());
-        }
-        assert_eq!(per_part, [3, 2, 1, 1]);
-    }
-
     #[test]
     fn files_written_before_the_schema_grew_are_read() {
         use arrow_schema::{Field, Schema};
@@ -550,13 +1044,11 @@ mod tests {
             .iter()
             .map(|f| narrowed(f))
             .collect();
-        let read = decode(
+        let read = decoded(
             Table::Event,
             "older.parquet",
             encode(Arc::new(Schema::new(older)), &batch),
-            None,
         )
-        .unwrap()
         .expect("an older event file is read");
         assert_eq!(read.iter().map(RecordBatch::num_rows).sum::<usize>(), 1);
         assert_eq!(read[0].schema(), Table::Event.schema());
@@ -582,14 +1074,8 @@ mod tests {
         ));
         let columns = alert_batch.columns()[..schema.fields().len() - 1].to_vec();
         let older = RecordBatch::try_new(before_reason.clone(), columns).unwrap();
-        let read = decode(
-            Table::Alert,
-            "alert.parquet",
-            encode(before_reason, &older),
-            None,
-        )
-        .unwrap()
-        .expect("an alert file from before `reason` is read");
+        let read = decoded(Table::Alert, "alert.parquet", encode(before_reason, &older))
+            .expect("an alert file from before `reason` is read");
         assert_eq!(read[0].schema(), Table::Alert.schema());
         let reason = read[0].column_by_name("reason").unwrap();
         assert_eq!((reason.len(), reason.null_count()), (1, 1));
@@ -605,10 +1091,6 @@ mod tests {
             .map(|f| f.as_ref().clone().with_nullable(true))
             .collect();
         let bytes = encode(Arc::new(Schema::new(widened)), &gpu_batch);
-        assert!(
-            decode(Table::Gpu, "wider.parquet", bytes, None)
-                .unwrap()
-                .is_none()
-        );
+        assert!(decoded(Table::Gpu, "wider.parquet", bytes).is_none());
     }
 }

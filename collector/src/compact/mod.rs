@@ -41,7 +41,8 @@ use tracing::{info, warn};
 use twox_hash::XxHash64;
 
 use crate::persist::{
-    MAX_COMPACTED_FILE_ROWS, PersistError, compacted_properties, encode_with, off_runtime, put_file,
+    MAX_COMPACTED_FILE_ROWS, MAX_MERGE_ROWS, PersistError, compacted_properties, off_runtime,
+    put_file,
 };
 use crate::store::{self, Store};
 
@@ -108,6 +109,18 @@ pub enum CompactError {
     },
     #[error(transparent)]
     Lease(#[from] LeaseError),
+    #[error("cannot spill rows being compacted to {dir}: {source}")]
+    Spill {
+        dir: PathBuf,
+        #[source]
+        source: ArrowError,
+    },
+    #[error("cannot make a directory for compaction's spill files under {dir}: {source}")]
+    SpillDir {
+        dir: PathBuf,
+        #[source]
+        source: io::Error,
+    },
 }
 
 /// Which hours compaction considers.
@@ -126,8 +139,16 @@ pub struct CompactOptions {
     /// replay could write them again with more rows.
     pub unreleased_of: Option<(String, u64)>,
     /// Most rows in one compacted file ([`MAX_COMPACTED_FILE_ROWS`]); an
-    /// hour with more is merged in parts of the hour, one file each.
+    /// hour with more becomes several, split between nodes.
     pub max_file_rows: usize,
+    /// Most rows sorted in memory at once ([`MAX_MERGE_ROWS`]): an hour with
+    /// more is merged a range of nodes at a time, its rows spilled to disk
+    /// per range in between.
+    pub merge_rows: usize,
+    /// Where the spill files go when the store is not a local directory (a
+    /// local store's go under its staging directory); the system's
+    /// temporary directory when None.
+    pub spill_dir: Option<PathBuf>,
 }
 
 impl Default for CompactOptions {
@@ -139,6 +160,8 @@ impl Default for CompactOptions {
             before_us: None,
             unreleased_of: None,
             max_file_rows: MAX_COMPACTED_FILE_ROWS,
+            merge_rows: MAX_MERGE_ROWS,
+            spill_dir: None,
         }
     }
 }
@@ -205,12 +228,12 @@ struct Source {
     hash: String,
 }
 
-/// One compacted file.
+/// One compacted file, written and synced.
 #[derive(Debug)]
 struct Output {
     stem: String,
-    bytes: Bytes,
-    duplicates: Duplicates,
+    path: PathBuf,
+    bytes: u64,
 }
 
 /// (inode, size, mtime in ns) of a local file: changes when it is replaced.
@@ -251,6 +274,46 @@ fn hour_of(dir: &str) -> Option<i64> {
     (0..24).contains(&hour).then_some(hour)
 }
 
+/// Prefix of the directories a merge writes its spill files and new files
+/// in, deleted when it ends.
+const MERGE_PREFIX: &str = "gputel-merge-";
+
+/// Where merges make their directories: a local store's staging directory,
+/// else `options.spill_dir` or the system's temporary directory.
+fn spill_parent(store: &Store, options: &CompactOptions) -> PathBuf {
+    match &store.local {
+        Some(root) => root.join(STAGING_DIR),
+        None => options.spill_dir.clone().unwrap_or_else(std::env::temp_dir),
+    }
+}
+
+/// Deletes what merges cut short (a crash, a kill) left in `parent`. Only
+/// where this compactor is the only one: a store's staging directory (under
+/// its lease) or a spill directory of its own, never the shared temporary
+/// directory.
+fn remove_merge_leftovers(parent: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with(MERGE_PREFIX)
+        {
+            let path = entry.path();
+            match std::fs::remove_dir_all(&path) {
+                Ok(()) => {
+                    info!(dir = %path.display(), "deleted what an interrupted compaction left")
+                }
+                Err(e) => {
+                    warn!(dir = %path.display(), error = %e, "cannot delete what an interrupted compaction left")
+                }
+            }
+        }
+    }
+}
+
 /// Compacts every closed hour with more than one file. `lease` is renewed
 /// before each hour is published: a compactor that lost it stops there.
 pub async fn compact(
@@ -259,6 +322,11 @@ pub async fn compact(
     options: &CompactOptions,
     lease: &mut Lease,
 ) -> Result<CompactReport, CompactError> {
+    if store.local.is_some() || options.spill_dir.is_some() {
+        let parent = spill_parent(store, options);
+        // A failure is logged inside; compaction goes on regardless.
+        let _ = tokio::task::spawn_blocking(move || remove_merge_leftovers(&parent)).await;
+    }
     let mut report = CompactReport::default();
     let closed_before = now_us.saturating_sub(options.min_age.as_micros() as i64);
     for &table in &options.tables {
@@ -352,12 +420,14 @@ async fn compact_hour(
     }
     files.sort_by(|a, b| a.0.stem().cmp(b.0.stem()));
 
-    // Files to merge, with their bytes.
-    let mut inputs: Vec<(Source, Bytes)> = Vec::new();
+    // First reading: each file's hash and its rows per node; its bytes are
+    // not kept (an hour of a large fleet is gigabytes of them).
+    let mut inputs: Vec<Source> = Vec::new();
     // Files already merged into an existing output by an interrupted
     // compaction (S3): deleted, not merged again.
     let mut leftovers: Vec<Source> = Vec::new();
     let mut rows = 0;
+    let mut counts: BTreeMap<Option<String>, usize> = BTreeMap::new();
     for (path, size) in files {
         let name = path.to_string();
         let identity = match &store.local {
@@ -388,72 +458,108 @@ async fn compact_hour(
                 continue;
             }
         }
-        let file_rows = {
-            let (name, bytes) = (name.clone(), bytes.clone());
-            off_runtime(move || rows_of(table, &name, bytes)).await?
-        };
-        let Some(file_rows) = file_rows else {
-            warn!(file = %name, "schema differs from the table's; hour {hour} left as it is");
+        let census = off_runtime(move || census(table, &name, bytes)).await?;
+        let Some(census) = census else {
+            warn!(file = %source.path, "schema differs from the table's; hour {hour} left as it is");
             report.hours_skipped += 1;
             return Ok(());
         };
-        rows += file_rows;
-        inputs.push((source, bytes));
-    }
-    // An hour of more rows than one file may hold is merged in parts of the
-    // hour, one file each; see `Slice`.
-    let count = rows.div_ceil(options.max_file_rows.max(1)).max(1);
-    let stems: Vec<String> = inputs
-        .iter()
-        .map(|(s, _)| s.path.stem().to_owned())
-        .collect();
-    let mut outputs = Vec::new();
-    for index in 0..count {
-        if inputs.is_empty() {
-            break;
+        rows += census.rows;
+        for (value, n) in census.keys {
+            *counts.entry(value).or_default() += n;
         }
-        let slice = (count > 1).then_some(Slice { index, count });
-        let mut group = Vec::new();
-        for (source, bytes) in &inputs {
-            let (name, bytes) = (source.path.to_string(), bytes.clone());
-            let decoded = off_runtime(move || decode(table, &name, bytes, slice)).await?;
-            group.extend(decoded.unwrap_or_default());
-        }
-        outputs.push(merge_off_runtime(table, &hour, group, stems.clone(), slice).await?);
+        inputs.push(source);
     }
-    // Each merged file's rows are in every output; its marker names the
-    // last, published last.
-    let last = outputs.len().saturating_sub(1);
-    let sources: Vec<(Source, usize)> = inputs.into_iter().map(|(s, _)| (s, last)).collect();
-    if sources.len() < 2 && leftovers.is_empty() {
+    if inputs.len() < 2 && leftovers.is_empty() {
         return Ok(());
     }
-    // Each merged file's marker: its hash and the compacted file holding it.
-    let markers: Vec<(PartitionPath, String)> = sources
+
+    // The new hour's files are written where they are published from: a
+    // local store's staging directory (exchanged with the hour), else a
+    // temporary one; spill files in a temporary directory beside them.
+    let spill_parent = spill_parent(store, options);
+    let work = |parent: &Path| {
+        std::fs::create_dir_all(parent)
+            .and_then(|()| {
+                tempfile::Builder::new()
+                    .prefix(MERGE_PREFIX)
+                    .tempdir_in(parent)
+            })
+            .map_err(|source| CompactError::SpillDir {
+                dir: parent.to_owned(),
+                source,
+            })
+    };
+    let spill_dir = work(&spill_parent)?;
+    let out_dir = work(&spill_parent)?;
+
+    // Second reading: each row to its bucket of nodes. A file that changed
+    // since the first (another hash) leaves the hour to the next round.
+    let buckets = Buckets::plan(&counts, options.merge_rows.max(1));
+    let stems: Vec<String> = inputs.iter().map(|s| s.path.stem().to_owned()).collect();
+    let mut outputs = Outputs::new(
+        table,
+        out_dir.path(),
+        &hour,
+        &stems,
+        &buckets,
+        options.max_file_rows.max(1),
+    );
+    if !inputs.is_empty() {
+        let mut spill =
+            Spill::new(table, buckets, spill_dir.path()).map_err(|source| CompactError::Spill {
+                dir: spill_dir.path().to_owned(),
+                source,
+            })?;
+        for source in &inputs {
+            let name = source.path.to_string();
+            let bytes = read(store.objects.as_ref(), &name).await?;
+            if hash_hex(&bytes) != source.hash {
+                info!(file = %name, "changed while being compacted; hour {hour} left to the next round");
+                report.hours_skipped += 1;
+                return Ok(());
+            }
+            spill = off_runtime(move || {
+                decode(table, &name, bytes, |batch| spill.add(batch))?;
+                Ok::<_, CompactError>(spill)
+            })
+            .await?;
+        }
+        let buckets = off_runtime(move || spill.finish()).await?;
+        for (index, rows) in buckets.into_iter().enumerate() {
+            outputs = off_runtime(move || {
+                let batches = rows.load(table)?;
+                outputs.merge(index, batches)?;
+                Ok::<_, CompactError>(outputs)
+            })
+            .await?;
+        }
+    }
+    drop(spill_dir);
+    let (outputs, duplicates) = off_runtime(move || outputs.finish()).await?;
+
+    // Each merged file's marker: its hash and the compacted file holding
+    // the last of its rows, published last.
+    let last = outputs.last().map(|o| o.stem.clone()).unwrap_or_default();
+    let markers: Vec<(PartitionPath, String)> = inputs
         .iter()
-        .map(|(s, i)| (s.path.clone(), format!("{} {}", s.hash, outputs[*i].stem)))
+        .map(|s| (s.path.clone(), format!("{} {last}", s.hash)))
         .collect();
+    let sources = inputs;
 
     // Merging took a while: publish only while still the store's compactor.
     lease.renew().await?;
-    let bytes_out: u64 = outputs.iter().map(|o| o.bytes.len() as u64).sum();
-    let duplicates = outputs
-        .iter()
-        .fold(Duplicates::default(), |sum, o| Duplicates {
-            removed: sum.removed + o.duplicates.removed,
-            differing: sum.differing + o.duplicates.differing,
-        });
+    let bytes_out: u64 = outputs.iter().map(|o| o.bytes).sum();
     let files_out = outputs.len();
     let files_in = sources.len() + leftovers.len();
-    let bytes_in = sources.iter().map(|(s, _)| s.size).sum::<u64>()
-        + leftovers.iter().map(|s| s.size).sum::<u64>();
+    let bytes_in =
+        sources.iter().map(|s| s.size).sum::<u64>() + leftovers.iter().map(|s| s.size).sum::<u64>();
     let published = match &store.local {
         Some(root) => {
             let root = root.clone();
             let rel = hour.clone();
             let removed: Vec<(String, Option<Identity>)> = sources
                 .iter()
-                .map(|(s, _)| s)
                 .chain(&leftovers)
                 .map(|s| (s.path.stem().to_owned(), s.identity))
                 .collect();
@@ -461,8 +567,9 @@ async fn compact_hour(
                 .iter()
                 .map(|(p, m)| (p.stem().to_owned(), m.clone()))
                 .collect();
+            let staging = out_dir.path().to_owned();
             tokio::task::spawn_blocking(move || {
-                swap_local(&root, &rel, &removed, &markers, outputs)
+                swap_local(&root, &rel, &removed, &markers, &staging)
             })
             .await
             .map_err(|e| io::Error::other(e.to_string()))
@@ -476,7 +583,7 @@ async fn compact_hour(
         None => {
             let removed: Vec<&PartitionPath> = sources
                 .iter()
-                .map(|(s, _)| &s.path)
+                .map(|s| &s.path)
                 .chain(leftovers.iter().map(|s| &s.path))
                 .collect();
             publish_objects(

@@ -26,7 +26,13 @@ pub(super) async fn publish_objects(
     }
     for output in outputs {
         let path = PartitionPath::new(table, key, &output.stem).expect("compacted stems are valid");
-        put_file(store, path.to_string(), output.bytes).await?;
+        let bytes = tokio::fs::read(&output.path)
+            .await
+            .map_err(|e| PersistError::Encode {
+                path: output.path.display().to_string(),
+                source: ParquetError::External(Box::new(e)),
+            })?;
+        put_file(store, path.to_string(), Bytes::from(bytes)).await?;
     }
     for path in removed {
         let path = path.to_string();
@@ -58,25 +64,19 @@ pub(super) fn staging_dir(root: &Path) -> io::Result<PathBuf> {
     Ok(dir)
 }
 
-/// Local store: builds the new hour directory and exchanges it with the live
-/// one. Returns false (and changes nothing) when a merged file changed since
-/// it was read.
+/// Local store: completes the new hour directory `staging` (under the
+/// store's staging directory, holding the compacted files) and exchanges it
+/// with the live one, then deletes it. Returns false (and changes nothing)
+/// when a merged file changed since it was read.
 pub(super) fn swap_local(
     root: &Path,
     hour: &str,
     removed: &[(String, Option<Identity>)],
     markers: &[(String, String)],
-    outputs: Vec<Output>,
+    staging: &Path,
 ) -> io::Result<bool> {
     let live = root.join(hour);
-    let staging = staging_dir(root)?;
     let built = (|| {
-        for output in &outputs {
-            write_synced(
-                &staging.join(format!("{}.parquet", output.stem)),
-                &output.bytes,
-            )?;
-        }
         for (stem, marker) in markers {
             write_synced(
                 &staging.join(format!("{stem}.{MARKER_EXTENSION}")),
@@ -86,7 +86,7 @@ pub(super) fn swap_local(
         Ok::<_, io::Error>(())
     })();
     if let Err(e) = built {
-        let _ = std::fs::remove_dir_all(&staging);
+        let _ = std::fs::remove_dir_all(staging);
         return Err(e);
     }
     let merged: HashSet<String> = removed
@@ -112,12 +112,12 @@ pub(super) fn swap_local(
                 }
                 std::fs::hard_link(live.join(name), staging.join(name))?;
             }
-            sync_dir(&staging)?;
+            sync_dir(staging)?;
             rustix::fs::renameat_with(
                 rustix::fs::CWD,
                 &live,
                 rustix::fs::CWD,
-                &staging,
+                staging,
                 rustix::fs::RenameFlags::EXCHANGE,
             )?;
             if let Some(parent) = live.parent() {
@@ -127,7 +127,7 @@ pub(super) fn swap_local(
         })()
     };
     // After the exchange `staging` holds the old hour; before it, the unused new one.
-    let removed = std::fs::remove_dir_all(&staging);
+    let removed = std::fs::remove_dir_all(staging);
     let swapped = swapped?;
     removed?;
     Ok(swapped)
