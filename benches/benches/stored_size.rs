@@ -138,6 +138,12 @@ const VARIANTS: &[Variant] = &[
         change: |b, _| b.set_writer_version(parquet::file::properties::WriterVersion::PARQUET_2_0),
     },
     Variant {
+        name: "one page per column chunk (compacted files before 2026-11-25, night)",
+        change: |b, _| {
+            b.set_data_page_row_count_limit(gputel_collector::persist::MAX_ROW_GROUP_ROWS)
+        },
+    },
+    Variant {
         name: "pages of 20 000 rows (the writer's default)",
         change: |b, _| {
             b.set_data_page_row_count_limit(DEFAULT_DATA_PAGE_ROW_COUNT_LIMIT)

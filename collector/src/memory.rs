@@ -8,7 +8,7 @@
 //! | one message | 1/16 | a larger one is rejected before it is decoded |
 //! | batches queued for the alert rules | 1/16 | rows beyond it skip the rules (counted) |
 //! | unwritten rows | 1/2 | `--max-unwritten-rows`: batches are refused beyond it |
-//! | the rest | 1/8 | writing Parquet, the log, compaction, the runtime |
+//! | the rest | 1/8 | writing Parquet, the log, compaction ([`crate::persist::MAX_MERGE_ROWS`] rows at a time), the runtime |
 
 use gputel_proto::GpuSample;
 

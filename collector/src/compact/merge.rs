@@ -20,7 +20,9 @@ use arrow_array::cast::AsArray;
 use arrow_array::types::Int32Type;
 use arrow_array::{Array, ArrayRef, DictionaryArray, UInt32Array};
 use arrow_ipc::reader::StreamReader;
-use arrow_ipc::writer::{IpcWriteOptions, StreamWriter};
+use arrow_ipc::writer::{
+    DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions, write_message,
+};
 use arrow_ord::ord::{DynComparator, make_comparator};
 use arrow_ord::sort::{SortColumn, lexsort_to_indices};
 use arrow_schema::{DataType, Schema, SchemaRef, SortOptions};
@@ -72,12 +74,49 @@ fn reader_of(
     Ok(same.then_some(builder))
 }
 
-/// What the first reading of a file learns: its rows, and how many of them
-/// hold each value of the table's first sort-key column.
+/// Which of the table's columns a file holds no value of, by its footer's
+/// statistics: columns added to the table since the file was written, and
+/// nullable value columns (not lists or maps) whose null count is the rows
+/// of every row group. They are not decoded: the reader would turn each
+/// null of a text column into an entry it hashes and compares.
+fn null_columns(table: Table, builder: &ParquetRecordBatchReaderBuilder<Bytes>) -> Vec<bool> {
+    let columns = table.schema().fields().len();
+    let written = builder.schema().fields().len();
+    let parquet = builder.parquet_schema();
+    let metadata = builder.metadata();
+    // The leaf of each top-level column that is a value, not a list or a
+    // map (whose leaves count empty lists among their nulls).
+    let mut leaf_of = vec![None; written];
+    for leaf in 0..parquet.num_columns() {
+        if let [_] = parquet.column(leaf).path().parts() {
+            leaf_of[parquet.get_column_root_idx(leaf)] = Some(leaf);
+        }
+    }
+    let schema = table.schema();
+    let all_null = |leaf: usize| {
+        metadata.row_groups().iter().all(|group| {
+            group
+                .column(leaf)
+                .statistics()
+                .and_then(|s| s.null_count_opt())
+                .is_some_and(|nulls| nulls == group.num_rows() as u64)
+        })
+    };
+    (0..columns)
+        .map(|i| {
+            i >= written || (schema.field(i).is_nullable() && leaf_of[i].is_some_and(all_null))
+        })
+        .collect()
+}
+
+/// What the first reading of a file learns: its rows, how many of them
+/// hold each value of the table's first sort-key column, and which of the
+/// table's columns it holds no value of.
 #[derive(Debug, Default)]
 pub(super) struct Census {
     pub rows: usize,
     pub keys: Vec<(Option<String>, usize)>,
+    pub null: Vec<bool>,
 }
 
 /// A file's [`Census`], or None when its schema is not the table's. Only
@@ -95,6 +134,7 @@ pub(super) fn census(
         return Ok(None);
     };
     let rows = usize::try_from(builder.metadata().file_metadata().num_rows()).unwrap_or(0);
+    let null = null_columns(table, &builder);
     let key = builder
         .schema()
         .index_of(table.sort_key()[0])
@@ -123,6 +163,7 @@ pub(super) fn census(
     Ok(Some(Census {
         rows,
         keys: counts.into_iter().collect(),
+        null,
     }))
 }
 
@@ -185,22 +226,34 @@ pub(super) fn decode(
         return Ok(false);
     };
     let expected = table.schema();
-    let written = builder.schema().fields().len();
+    let null = null_columns(table, &builder);
+    let read: Vec<usize> = (0..null.len()).filter(|&i| !null[i]).collect();
+    let mask = ProjectionMask::roots(builder.parquet_schema(), read.iter().copied());
     let reader = builder
+        .with_projection(mask)
         .with_batch_size(DECODE_BATCH_ROWS)
         .build()
         .map_err(err)?;
     for batch in reader {
         let batch = batch.map_err(|e| err(ParquetError::ArrowError(e.to_string())))?;
-        let mut columns = batch.columns().to_vec();
-        for added in &expected.fields()[written..] {
-            columns.push(arrow_array::new_null_array(
-                added.data_type(),
-                batch.num_rows(),
-            ));
-        }
-        let batch = RecordBatch::try_new(expected.clone(), columns)
-            .map_err(|e| err(ParquetError::ArrowError(e.to_string())))?;
+        // The table's own schema (with its field metadata), the columns not
+        // read null.
+        let mut decoded = batch.columns().iter();
+        let columns = expected
+            .fields()
+            .iter()
+            .zip(&null)
+            .map(|(field, &null)| match null {
+                true => arrow_array::new_null_array(field.data_type(), batch.num_rows()),
+                false => Arc::clone(decoded.next().expect("a column per one read")),
+            })
+            .collect();
+        let batch = RecordBatch::try_new_with_options(
+            expected.clone(),
+            columns,
+            &arrow_array::RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
+        )
+        .map_err(|e| err(ParquetError::ArrowError(e.to_string())))?;
         each(batch)?;
     }
     Ok(true)
@@ -255,36 +308,53 @@ impl Buckets {
 }
 
 /// An hour's rows on their way to their buckets: in memory when the hour
-/// is one bucket, else appended to one spill file per bucket (Arrow IPC,
-/// LZ4), in the order of the files they come from.
+/// is one bucket, else appended to one spill file per bucket (an Arrow IPC
+/// stream, zstd level 1), in the order of the files they come from. The
+/// files share one compression context: a writer of its own per file would
+/// hold a zstd context each, hundreds of them for a large fleet's hour.
 pub(super) struct Spill {
     table: Table,
     key: usize,
     buckets: Buckets,
     dir: PathBuf,
     memory: Vec<RecordBatch>,
-    files: Vec<Option<StreamWriter<BufWriter<File>>>>,
-    /// The spill files' schema: dictionary-encoded columns as plain text,
-    /// since each spilled slice of a file would repeat its whole dictionary.
+    files: Vec<Option<(BufWriter<File>, DictionaryTracker)>>,
+    context: IpcWriteContext,
+    options: IpcWriteOptions,
+    /// The table's columns that no file of the hour holds a value of: not
+    /// spilled.
+    null: Vec<bool>,
+    /// The spill files' schema: the other columns, dictionary-encoded ones
+    /// as plain text, since each spilled slice of a file would repeat its
+    /// whole dictionary.
     spilled: SchemaRef,
 }
 
 /// One bucket's rows, in the order of the files they came from.
 pub(super) enum BucketRows {
     Memory(Vec<RecordBatch>),
-    File(PathBuf),
+    /// A spill file, and the table's columns it leaves out (null).
+    File(PathBuf, Arc<[bool]>),
     Empty,
 }
 
 impl Spill {
-    pub fn new(table: Table, buckets: Buckets, dir: &Path) -> Result<Self, ArrowError> {
+    /// `null`: the table's columns no file of the hour holds a value of.
+    pub fn new(
+        table: Table,
+        buckets: Buckets,
+        null: Vec<bool>,
+        dir: &Path,
+    ) -> Result<Self, ArrowError> {
         let schema = table.schema();
         let key = schema.index_of(table.sort_key()[0])?;
         let spilled = Arc::new(Schema::new_with_metadata(
             schema
                 .fields()
                 .iter()
-                .map(|f| match f.data_type() {
+                .zip(&null)
+                .filter(|(_, null)| !**null)
+                .map(|(f, _)| match f.data_type() {
                     DataType::Dictionary(_, value) => {
                         f.as_ref().clone().with_data_type(value.as_ref().clone())
                     }
@@ -294,6 +364,9 @@ impl Spill {
             schema.metadata().clone(),
         ));
         let files = (0..buckets.len()).map(|_| None).collect();
+        let options = IpcWriteOptions::default()
+            .try_with_compression(Some(arrow_ipc::CompressionType::ZSTD))?
+            .try_with_compression_level(Some(1))?;
         Ok(Self {
             table,
             key,
@@ -301,6 +374,9 @@ impl Spill {
             dir: dir.to_owned(),
             memory: Vec::new(),
             files,
+            context: IpcWriteContext::default(),
+            options,
+            null,
             spilled,
         })
     }
@@ -346,29 +422,36 @@ impl Spill {
         let columns = rows
             .columns()
             .iter()
-            .map(|c| match c.as_dictionary_opt::<Int32Type>() {
+            .zip(&self.null)
+            .filter(|(_, null)| !**null)
+            .map(|(c, _)| match c.as_dictionary_opt::<Int32Type>() {
                 Some(dict) => take(dict.values().as_ref(), dict.keys(), None),
                 None => Ok(Arc::clone(c)),
             })
             .collect::<Result<Vec<_>, _>>()?;
         let rows = RecordBatch::try_new(Arc::clone(&self.spilled), columns)?;
+        let generator = IpcDataGenerator::default();
         if self.files[bucket].is_none() {
             let path = self
                 .dir
                 .join(format!("{}-{bucket}.arrows", self.table.name()));
-            let options = IpcWriteOptions::default()
-                .try_with_compression(Some(arrow_ipc::CompressionType::LZ4_FRAME))?;
-            let file = BufWriter::new(File::create(path)?);
-            self.files[bucket] = Some(StreamWriter::try_new_with_options(
-                file,
+            let mut file = BufWriter::new(File::create(path)?);
+            let mut tracker = DictionaryTracker::new(false);
+            let schema = generator.schema_to_bytes_with_dictionary_tracker(
                 &self.spilled,
-                options,
-            )?);
+                &mut tracker,
+                &self.options,
+            );
+            write_message(&mut file, schema, &self.options)?;
+            self.files[bucket] = Some((file, tracker));
         }
-        self.files[bucket]
-            .as_mut()
-            .expect("opened above")
-            .write(&rows)
+        let (file, tracker) = self.files[bucket].as_mut().expect("opened above");
+        let (dictionaries, batch) =
+            generator.encode(&rows, tracker, &self.options, &mut self.context)?;
+        for message in dictionaries.into_iter().chain([batch]) {
+            write_message(&mut *file, message, &self.options)?;
+        }
+        Ok(())
     }
 
     /// Each bucket's rows, in bucket order.
@@ -377,16 +460,22 @@ impl Spill {
             return Ok(vec![BucketRows::Memory(self.memory)]);
         }
         let mut out = Vec::with_capacity(self.files.len());
+        let null: Arc<[bool]> = self.null.into();
         for (bucket, file) in self.files.into_iter().enumerate() {
             match file {
-                Some(mut writer) => {
-                    writer.finish().map_err(|source| CompactError::Spill {
-                        dir: self.dir.clone(),
-                        source,
-                    })?;
+                Some((mut file, _)) => {
+                    // The end of an IPC stream: a continuation marker and a
+                    // message of length 0.
+                    file.write_all(&[0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0])
+                        .and_then(|()| file.flush())
+                        .map_err(|e| CompactError::Spill {
+                            dir: self.dir.clone(),
+                            source: e.into(),
+                        })?;
                     out.push(BucketRows::File(
                         self.dir
                             .join(format!("{}-{bucket}.arrows", self.table.name())),
+                        Arc::clone(&null),
                     ));
                 }
                 None => out.push(BucketRows::Empty),
@@ -400,10 +489,10 @@ impl BucketRows {
     /// The bucket's rows in the table's schema; a spill file is deleted
     /// once read.
     pub fn load(self, table: Table) -> Result<Vec<RecordBatch>, CompactError> {
-        let path = match self {
+        let (path, null) = match self {
             BucketRows::Memory(batches) => return Ok(batches),
             BucketRows::Empty => return Ok(Vec::new()),
-            BucketRows::File(path) => path,
+            BucketRows::File(path, null) => (path, null),
         };
         let err = |source| CompactError::Spill {
             dir: path.parent().map(Path::to_owned).unwrap_or_default(),
@@ -418,17 +507,30 @@ impl BucketRows {
         let mut batches = Vec::new();
         for batch in reader {
             let batch = batch.map_err(err)?;
-            let columns = batch
-                .columns()
+            let mut spilled = batch.columns().iter();
+            let columns = schema
+                .fields()
                 .iter()
-                .zip(schema.fields())
-                .map(|(c, f)| match f.data_type() {
-                    DataType::Dictionary(_, _) => dictionary_of(c.as_ref()),
-                    _ => Ok(Arc::clone(c)),
+                .zip(null.iter())
+                .map(|(f, &null)| match (null, f.data_type()) {
+                    (true, data_type) => {
+                        Ok(arrow_array::new_null_array(data_type, batch.num_rows()))
+                    }
+                    (false, DataType::Dictionary(_, _)) => {
+                        dictionary_of(spilled.next().expect("a column per one spilled").as_ref())
+                    }
+                    (false, _) => Ok(Arc::clone(
+                        spilled.next().expect("a column per one spilled"),
+                    )),
                 })
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(err)?;
-            batches.push(RecordBatch::try_new(Arc::clone(&schema), columns).map_err(err)?);
+            let options =
+                arrow_array::RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
+            batches.push(
+                RecordBatch::try_new_with_options(Arc::clone(&schema), columns, &options)
+                    .map_err(err)?,
+            );
         }
         std::fs::remove_file(&path).map_err(|e| err(e.into()))?;
         Ok(batches)
@@ -920,7 +1022,11 @@ mod tests {
             .collect();
         let buckets = Buckets::plan(&counts, 5);
         assert_eq!(buckets.len(), 3);
-        let mut spill = Spill::new(Table::Gpu, buckets, dir.path()).unwrap();
+        // Columns no file holds a value of are not spilled, and come back null.
+        let mut null = vec![false; Table::Gpu.schema().fields().len()];
+        let power = Table::Gpu.schema().index_of("power_mw").unwrap();
+        null[power] = true;
+        let mut spill = Spill::new(Table::Gpu, buckets, null, dir.path()).unwrap();
         spill
             .add(gpu_batch(&[("n3", 0), ("n1", 0), ("n2", 0), ("n1", 1)]))
             .unwrap();
@@ -931,6 +1037,11 @@ mod tests {
         for bucket in rows {
             let batches = bucket.load(Table::Gpu).unwrap();
             assert!(batches.iter().all(|b| b.schema() == Table::Gpu.schema()));
+            assert!(
+                batches
+                    .iter()
+                    .all(|b| b.column(power).null_count() == b.num_rows())
+            );
             got.push(batches.iter().flat_map(node_ticks).collect::<Vec<_>>());
         }
         assert_eq!(
@@ -994,6 +1105,40 @@ mod tests {
                 owned(&[("n3", 0)]),
             ]
         );
+    }
+
+    /// Columns null in every row of a file are known by its footer and not
+    /// decoded; a list column whose lists are all empty is not null.
+    #[test]
+    fn columns_null_in_every_row_are_known_by_the_footer() {
+        let encode = |table: Table, batch: &RecordBatch| {
+            let mut bytes = Vec::new();
+            let props = crate::persist::writer_properties(table);
+            let mut writer = ArrowWriter::try_new(&mut bytes, table.schema(), Some(props)).unwrap();
+            writer.write(batch).unwrap();
+            writer.close().unwrap();
+            ParquetRecordBatchReaderBuilder::try_new(Bytes::from(bytes)).unwrap()
+        };
+        let schema = Table::Gpu.schema();
+        let null = null_columns(
+            Table::Gpu,
+            &encode(Table::Gpu, &gpu_batch(&[("n1", 0), ("n1", 1)])),
+        );
+        let at = |name: &str| null[schema.index_of(name).unwrap()];
+        assert!(at("power_mw") && at("job_id") && at("gpu_instance_id"));
+        assert!(!at("temperature_c") && !at("node") && !at("ts") && !at("uuid"));
+
+        let mut rows = gputel_schemas::NodeRows::default();
+        rows.push(
+            "n1",
+            &gputel_proto::NodeSample {
+                ts_us: T0,
+                ..Default::default()
+            },
+        );
+        let node = RecordBatch::try_new(Table::Node.schema(), rows.finish()).unwrap();
+        let null = null_columns(Table::Node, &encode(Table::Node, &node));
+        assert!(!null[Table::Node.schema().index_of("jobs").unwrap()]);
     }
 
     fn decoded(table: Table, name: &str, bytes: Bytes) -> Option<Vec<RecordBatch>> {

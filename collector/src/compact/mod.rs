@@ -428,6 +428,8 @@ async fn compact_hour(
     let mut leftovers: Vec<Source> = Vec::new();
     let mut rows = 0;
     let mut counts: BTreeMap<Option<String>, usize> = BTreeMap::new();
+    // The table's columns no file holds a value of: not spilled.
+    let mut null = vec![true; table.schema().fields().len()];
     for (path, size) in files {
         let name = path.to_string();
         let identity = match &store.local {
@@ -468,6 +470,9 @@ async fn compact_hour(
         for (value, n) in census.keys {
             *counts.entry(value).or_default() += n;
         }
+        for (all, file) in null.iter_mut().zip(census.null) {
+            *all &= file;
+        }
         inputs.push(source);
     }
     if inputs.len() < 2 && leftovers.is_empty() {
@@ -506,11 +511,12 @@ async fn compact_hour(
         options.max_file_rows.max(1),
     );
     if !inputs.is_empty() {
-        let mut spill =
-            Spill::new(table, buckets, spill_dir.path()).map_err(|source| CompactError::Spill {
+        let mut spill = Spill::new(table, buckets, null, spill_dir.path()).map_err(|source| {
+            CompactError::Spill {
                 dir: spill_dir.path().to_owned(),
                 source,
-            })?;
+            }
+        })?;
         for source in &inputs {
             let name = source.path.to_string();
             let bytes = read(store.objects.as_ref(), &name).await?;
