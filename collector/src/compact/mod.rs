@@ -511,18 +511,18 @@ async fn compact_hour(
         dir: spill_parent.clone(),
         source,
     })?;
-    if let Ok((free, total)) = crate::wal::volume_space(&spill_parent) {
-        if !room_to_merge(free, total, hour_bytes) {
-            warn!(
-                dir = %spill_parent.display(),
-                hour_bytes,
-                free,
-                "too little free space to compact {hour} (its merge needs about twice the hour's \
-                 bytes, beside the free space the log keeps by default); left to a later round"
-            );
-            report.hours_skipped += 1;
-            return Ok(());
-        }
+    if let Ok((free, total)) = crate::wal::volume_space(&spill_parent)
+        && !room_to_merge(free, total, hour_bytes)
+    {
+        warn!(
+            dir = %spill_parent.display(),
+            hour_bytes,
+            free,
+            "too little free space to compact {hour} (its merge needs about twice the hour's \
+             bytes, beside the free space the log keeps by default); left to a later round"
+        );
+        report.hours_skipped += 1;
+        return Ok(());
     }
     let spill_dir = work(&spill_parent)?;
     let out_dir = work(&spill_parent)?;
