@@ -35,6 +35,7 @@ fn main() -> ExitCode {
 #[tokio::main]
 async fn run() -> anyhow::Result<()> {
     let mut cli = Cli::parse();
+    compact::raise_open_files_limit();
     match cli.command.take() {
         Some(Command::ImportJobs(args)) => return import_jobs(args).await,
         Some(Command::Compact(args)) => return compact(args).await,

@@ -287,6 +287,36 @@ fn spill_parent(store: &Store, options: &CompactOptions) -> PathBuf {
     }
 }
 
+/// Raises this process's limit of open files to the most it may have
+/// (systemd's default hard limit is 524 288, the soft one 1024): a merge
+/// keeps one spill file open per range of nodes, and a serving collector a
+/// socket per agent. Returns the limit now in force.
+pub fn raise_open_files_limit() -> u64 {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current.is_some() && limit.current != limit.maximum {
+        let raised = Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        if setrlimit(Resource::Nofile, raised).is_ok() {
+            return limit.maximum.unwrap_or(u64::MAX);
+        }
+    }
+    limit.current.unwrap_or(u64::MAX)
+}
+
+/// A quarter of the open files this process may have. Ranges of nodes of
+/// at most rows / this many rows are at most half the limit (any two
+/// consecutive ranges together hold more than one may), so a merge keeps
+/// at most half its open files in spill files, and sockets, the log and the
+/// store the rest.
+fn max_spill_files() -> usize {
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+    let current = limit.current.unwrap_or(u64::MAX);
+    usize::try_from(current / 4).unwrap_or(usize::MAX).max(16)
+}
+
 /// Deletes what merges cut short (a crash, a kill) left in `parent`. Only
 /// where this compactor is the only one: a store's staging directory (under
 /// its lease) or a spill directory of its own, never the shared temporary
@@ -529,7 +559,13 @@ async fn compact_hour(
 
     // Second reading: each row to its bucket of nodes. A file that changed
     // since the first (another hash) leaves the hour to the next round.
-    let buckets = Buckets::plan(&counts, options.merge_rows.max(1));
+    // Ranges of at most `merge_rows` rows, unless that would take more
+    // spill files than may be open at once: then larger ones.
+    let merge_rows = options
+        .merge_rows
+        .max(rows.div_ceil(max_spill_files()))
+        .max(1);
+    let buckets = Buckets::plan(&counts, merge_rows);
     let stems: Vec<String> = inputs.iter().map(|s| s.path.stem().to_owned()).collect();
     let mut outputs = Outputs::new(
         table,
@@ -720,6 +756,16 @@ mod tests {
         assert!(room_to_merge(10 * GB, 1000 * GB, 4 * GB + (1 << 20)));
         assert!(!room_to_merge(10 * GB, 1000 * GB, 5 * GB - (100 << 20)));
         assert!(!room_to_merge(0, GB, 0));
+    }
+
+    #[test]
+    fn the_open_files_limit_is_raised_to_the_hard_one() {
+        use rustix::process::{Resource, getrlimit};
+        let now = raise_open_files_limit();
+        let limit = getrlimit(Resource::Nofile);
+        assert_eq!(limit.current, limit.maximum);
+        assert_eq!(now, limit.current.unwrap_or(u64::MAX));
+        assert!(max_spill_files() as u64 >= (now / 4).min(usize::MAX as u64));
     }
 
     #[test]
