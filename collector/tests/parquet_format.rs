@@ -947,6 +947,18 @@ async fn an_hour_too_large_to_sort_at_once_loses_every_duplicate() {
     }
     assert_eq!(rows_in(dir.path(), "gpu", "hour=06"), (3, 3600));
 
+    let hour_dir = dir.path().join("gpu/date=2026-11-21/hour=06");
+    let mode = |path: &std::path::Path| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(path).expect("stat").permissions().mode()
+    };
+    // A store kept from other users, readable by a group.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&hour_dir, std::fs::Permissions::from_mode(0o750)).expect("chmod");
+    }
+    let hour_mode = mode(&hour_dir);
+
     // What a merge cut short by a crash left is deleted by the next.
     let stale = dir.path().join(".compacting/gputel-merge-stale");
     std::fs::create_dir_all(&stale).expect("mkdir");
@@ -970,6 +982,8 @@ async fn an_hour_too_large_to_sort_at_once_loses_every_duplicate() {
     );
     assert_eq!(report.duplicates, 6 * 240);
     assert_eq!(rows_in(dir.path(), "gpu", "hour=06"), (3, 2160));
+    // The new hour directory is as readable as the old one was, no more.
+    assert_eq!(mode(&hour_dir), hour_mode);
 
     // Every key once, the file whose name sorts last winning it (the
     // third collector's for ticks 0-29, the second's for 90-179).

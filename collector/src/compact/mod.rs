@@ -521,12 +521,9 @@ async fn compact_hour(
     // temporary one; spill files in a temporary directory beside them.
     let spill_parent = spill_parent(store, options);
     let work = |parent: &Path| {
-        std::fs::create_dir_all(parent)
-            .and_then(|()| {
-                tempfile::Builder::new()
-                    .prefix(MERGE_PREFIX)
-                    .tempdir_in(parent)
-            })
+        tempfile::Builder::new()
+            .prefix(MERGE_PREFIX)
+            .tempdir_in(parent)
             .map_err(|source| CompactError::SpillDir {
                 dir: parent.to_owned(),
                 source,
@@ -557,8 +554,6 @@ async fn compact_hour(
     let spill_dir = work(&spill_parent)?;
     let out_dir = work(&spill_parent)?;
 
-    // Second reading: each row to its bucket of nodes. A file that changed
-    // since the first (another hash) leaves the hour to the next round.
     // Ranges of at most `merge_rows` rows, unless that would take more
     // spill files than may be open at once: then larger ones.
     let merge_rows = options
@@ -575,6 +570,8 @@ async fn compact_hour(
         &buckets,
         options.max_file_rows.max(1),
     );
+    // Second reading: each row to its range of nodes. A file that changed
+    // since the first (another hash) leaves the hour to the next round.
     if !inputs.is_empty() {
         let mut spill = Spill::new(table, buckets, null, spill_dir.path()).map_err(|source| {
             CompactError::Spill {

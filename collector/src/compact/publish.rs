@@ -77,6 +77,9 @@ pub(super) fn swap_local(
 ) -> io::Result<bool> {
     let live = root.join(hour);
     let built = (|| {
+        // The new hour directory takes the live one's permissions (a
+        // temporary directory is made readable by its owner only).
+        std::fs::set_permissions(staging, std::fs::metadata(&live)?.permissions())?;
         for (stem, marker) in markers {
             write_synced(
                 &staging.join(format!("{stem}.{MARKER_EXTENSION}")),
