@@ -139,6 +139,10 @@ impl WalDir {
                   An hour is closed once it ended --min-age ago. On a local store the new \
                   hour replaces the old in one atomic directory exchange; on S3 the merged \
                   files are deleted after the compacted ones are uploaded (see the README).\n\n\
+                  A large hour is merged a range of nodes at a time, its rows spilled to \
+                  temporary files meanwhile: under the store's .compacting/ for a local \
+                  store, else under $TMPDIR (about 1.7 times the hour's bytes at most; \
+                  memory stays about 0.25 GB).\n\n\
                   One compactor per store at a time: the store's compaction lease (a lock \
                   file at a local store's root; on S3 an object taken and renewed by \
                   conditional writes, _gputel/compaction.lease) is held for the round. When \
