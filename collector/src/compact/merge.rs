@@ -109,12 +109,11 @@ fn null_columns(table: Table, builder: &ParquetRecordBatchReaderBuilder<Bytes>) 
         .collect()
 }
 
-/// What the first reading of a file learns: its rows, how many of them
-/// hold each value of the table's first sort-key column, and which of the
+/// What the first reading of a file learns: how many of its rows hold
+/// each value of the table's first sort-key column, and which of the
 /// table's columns it holds no value of.
 #[derive(Debug, Default)]
 pub(super) struct Census {
-    pub rows: usize,
     pub keys: Vec<(Option<String>, usize)>,
     pub null: Vec<bool>,
 }
@@ -133,7 +132,6 @@ pub(super) fn census(
     let Some(builder) = reader_of(table, name, bytes)? else {
         return Ok(None);
     };
-    let rows = usize::try_from(builder.metadata().file_metadata().num_rows()).unwrap_or(0);
     let null = null_columns(table, &builder);
     let key = builder
         .schema()
@@ -161,7 +159,6 @@ pub(super) fn census(
         }
     }
     Ok(Some(Census {
-        rows,
         keys: counts.into_iter().collect(),
         null,
     }))
@@ -330,6 +327,11 @@ pub(super) struct Spill {
     spilled: SchemaRef,
 }
 
+/// The spill file of a table's bucket in `dir`.
+fn spill_path(dir: &Path, table: Table, bucket: usize) -> PathBuf {
+    dir.join(format!("{}-{bucket}.arrows", table.name()))
+}
+
 /// One bucket's rows, in the order of the files they came from.
 pub(super) enum BucketRows {
     Memory(Vec<RecordBatch>),
@@ -432,9 +434,7 @@ impl Spill {
         let rows = RecordBatch::try_new(Arc::clone(&self.spilled), columns)?;
         let generator = IpcDataGenerator::default();
         if self.files[bucket].is_none() {
-            let path = self
-                .dir
-                .join(format!("{}-{bucket}.arrows", self.table.name()));
+            let path = spill_path(&self.dir, self.table, bucket);
             let mut file = BufWriter::new(File::create(path)?);
             let mut tracker = DictionaryTracker::new(false);
             let schema = generator.schema_to_bytes_with_dictionary_tracker(
@@ -473,8 +473,7 @@ impl Spill {
                             source: e.into(),
                         })?;
                     out.push(BucketRows::File(
-                        self.dir
-                            .join(format!("{}-{bucket}.arrows", self.table.name())),
+                        spill_path(&self.dir, self.table, bucket),
                         Arc::clone(&null),
                     ));
                 }
@@ -1006,6 +1005,14 @@ mod tests {
             .collect()
     }
 
+    /// A census of nodes n1, n2 and n3 of `rows` rows each.
+    fn three_nodes_of(rows: usize) -> BTreeMap<Option<String>, usize> {
+        ["n1", "n2", "n3"]
+            .map(|n| (Some(n.to_owned()), rows))
+            .into_iter()
+            .collect()
+    }
+
     fn owned(v: &[(&str, i64)]) -> Vec<(String, i64)> {
         v.iter().map(|&(n, t)| (n.to_owned(), t)).collect()
     }
@@ -1016,10 +1023,7 @@ mod tests {
     #[test]
     fn spilled_rows_come_back_whole_in_their_bucket() {
         let dir = tempfile::tempdir().unwrap();
-        let counts: BTreeMap<Option<String>, usize> = ["n1", "n2", "n3"]
-            .map(|n| (Some(n.to_owned()), 4))
-            .into_iter()
-            .collect();
+        let counts = three_nodes_of(4);
         let buckets = Buckets::plan(&counts, 5);
         assert_eq!(buckets.len(), 3);
         // Columns no file holds a value of are not spilled, and come back null.
@@ -1061,10 +1065,7 @@ mod tests {
     #[test]
     fn outputs_are_sorted_files_of_whole_buckets() {
         let dir = tempfile::tempdir().unwrap();
-        let counts: BTreeMap<Option<String>, usize> = ["n1", "n2", "n3"]
-            .map(|n| (Some(n.to_owned()), 3))
-            .into_iter()
-            .collect();
+        let counts = three_nodes_of(3);
         let buckets = Buckets::plan(&counts, 3);
         let stems = ["a-1".to_owned(), "b-1".to_owned()];
         let mut outputs = Outputs::new(Table::Gpu, dir.path(), "gpu/h", &stems, &buckets, 6);

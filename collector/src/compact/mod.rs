@@ -463,7 +463,6 @@ async fn compact_hour(
     // Files already merged into an existing output by an interrupted
     // compaction (S3): deleted, not merged again.
     let mut leftovers: Vec<Source> = Vec::new();
-    let mut rows = 0;
     let mut counts: BTreeMap<Option<String>, usize> = BTreeMap::new();
     // The table's columns no file holds a value of: not spilled.
     let mut null = vec![true; table.schema().fields().len()];
@@ -503,7 +502,6 @@ async fn compact_hour(
             report.hours_skipped += 1;
             return Ok(());
         };
-        rows += census.rows;
         for (value, n) in census.keys {
             *counts.entry(value).or_default() += n;
         }
@@ -515,6 +513,8 @@ async fn compact_hour(
     if inputs.len() < 2 && leftovers.is_empty() {
         return Ok(());
     }
+    // Rows read from the merged files: every row has a first sort-key value.
+    let rows: usize = counts.values().sum();
 
     // The new hour's files are written where they are published from: a
     // local store's staging directory (exchanged with the hour), else a
