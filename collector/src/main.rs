@@ -12,7 +12,9 @@ use gputel_collector::{compact, import, report, store, wal};
 /// frees large, short-lived buffers (a flush's sorted slices and Parquet
 /// pages) between many small long-lived ones (connections, buffered rows),
 /// and glibc's arenas kept most of the freed memory resident
-/// (benches/README.md, "Collector memory at a fleet's pace").
+/// (benches/README.md, "Collector memory at a fleet's pace"). The feature
+/// `system-allocator` leaves glibc's for heap profiling.
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
@@ -23,6 +25,7 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// per-thread caches, so what one thread frees (a flush's buffers, on a
 /// blocking thread) is what the next allocation on any thread reuses
 /// (1000 agents: peak RSS 94 MB against 101–106 MB, 3–6 % more CPU).
+#[cfg(not(feature = "system-allocator"))]
 #[allow(non_upper_case_globals, reason = "jemalloc's symbol name")]
 #[unsafe(export_name = "_rjem_malloc_conf")]
 static malloc_conf: &[u8; 83] =
