@@ -47,7 +47,7 @@ printf 'load average at the end of the load: %s\n' "$(cut -d' ' -f1-3 /proc/load
 pkill -TERM -P "$HEAPTRACK_PID" || true
 wait "$HEAPTRACK_PID" || die "the collector failed under heaptrack: $(tail -5 "$dir/heaptrack.log")"
 HEAPTRACK_PID=
-data=$(ls "$dir"/collector*.zst 2>/dev/null | head -1)
+data=$(ls "$dir"/collector.* 2>/dev/null | head -1)
 [[ -n $data ]] || die "heaptrack wrote no data: $(tail -5 "$dir/heaptrack.log")"
 heaptrack_print -f "$data" --flamegraph-cost-type peak -F "$dir/peak.txt" >"$dir/summary.txt"
 grep -E '^(peak heap memory consumption|peak RSS)' "$dir/summary.txt"
