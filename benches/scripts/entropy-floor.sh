@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The floor under bytes per value: for the compacted hour of NODES simulated
+# How far bytes per value are from the values' entropy: for the compacted hour of NODES simulated
 # nodes that vs-victoriametrics.sh compares (hour_store in common.sh), each
 # metric column's empirical entropy per series, of its values and of their
 # first and second differences, beside the bytes its Parquet chunks take
