@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# How far bytes per value are from the values' entropy: for the compacted hour of NODES simulated
-# nodes that vs-victoriametrics.sh compares (hour_store in common.sh), each
-# metric column's empirical entropy per series, of its values and of their
-# first and second differences, beside the bytes its Parquet chunks take
-# (entropy-floor.py says what the floor is a floor for).
+# How far bytes per value are from the values' entropy, on the compacted
+# hour of NODES simulated nodes that vs-victoriametrics.sh compares
+# (hour_store in common.sh): each metric column's empirical entropy, of its
+# values and of their first and second differences, with one code a column
+# and one a series, beside the bytes its Parquet chunks take
+# (entropy-floor.py says what the estimates can and cannot say).
 #
 #   benches/scripts/entropy-floor.sh [NODES] [VALUES]   # default 16 realistic
 cd "$(dirname "$0")/../.."
