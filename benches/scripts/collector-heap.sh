@@ -27,7 +27,10 @@ say "building the collector with the system allocator into $heap_target"
 CARGO_TARGET_DIR="$heap_target" cargo build --release --quiet -p gputel-collector \
   --features system-allocator
 dir=$(mktemp -d)
-trap 'set +e; [[ -n ${HEAPTRACK_PID:-} ]] && pkill -TERM -P "$HEAPTRACK_PID"; rm -rf "$dir"; true' EXIT
+# heaptrack's script starts the collector, its own interpreter and a
+# compressor: only the collector is signalled, so the others finish the data.
+stop_profiled() { pkill -TERM -P "$HEAPTRACK_PID" -f "$heap_target/release/gputel-collector"; }
+trap 'set +e; [[ -n ${HEAPTRACK_PID:-} ]] && stop_profiled; rm -rf "$dir"; true' EXIT
 
 machine
 COLLECTOR_PORT=$(free_port)
@@ -43,8 +46,8 @@ say "$agents agents${LOADGEN_FLAGS:+ ($LOADGEN_FLAGS)}, one tick a second each, 
   || die "gputel-loadgen failed: $(tail -5 "$dir/loadgen.log")"
 cat "$dir/loadgen.out"
 printf 'load average at the end of the load: %s\n' "$(cut -d' ' -f1-3 /proc/loadavg)"
-# heaptrack passes signals on to the program: the collector flushes and exits.
-pkill -TERM -P "$HEAPTRACK_PID" || true
+# The collector flushes and exits; heaptrack then writes out its data.
+stop_profiled || true
 wait "$HEAPTRACK_PID" || die "the collector failed under heaptrack: $(tail -5 "$dir/heaptrack.log")"
 HEAPTRACK_PID=
 data=$(ls "$dir"/collector.* 2>/dev/null | head -1)
