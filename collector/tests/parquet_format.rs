@@ -13,7 +13,7 @@ use arrow_array::types::{
 use arrow_array::{Array, RecordBatch};
 use arrow_schema::{DataType, Field};
 use gputel_collector::buffer::WriteBuffer;
-use gputel_collector::persist::write_file;
+use gputel_collector::persist::{self, write_file};
 use gputel_collector::validate::validate_batch;
 use gputel_proto::{Batch, GpuSample, IbPortSample, NodeSample};
 use gputel_schemas::{PartitionPath, Table};
@@ -597,6 +597,9 @@ enum Expect {
 }
 
 fn expected_encoding(field: &Field) -> Expect {
+    if persist::DICTIONARY_INTEGER_COLUMNS.contains(&field.name().as_str()) {
+        return Expect::Dictionary;
+    }
     match field.data_type() {
         DataType::Int32 | DataType::Int64 | DataType::Timestamp(_, _) => Expect::Delta,
         // The load averages: two decimals, few values, whole under zstd.
