@@ -480,8 +480,10 @@ mod tests {
         assert_eq!((util.value(0), util.value(1), util.value(120)), (0, 1, 3));
     }
 
-    /// Pages of the `gpu_util_pct` chunk of each row group: (rows, page type).
+    /// Data pages of the `gpu_util_pct` chunk of each row group (rows, page
+    /// type), after the dictionary page the column starts with.
     fn util_pages(bytes: &Bytes) -> Vec<Vec<(usize, parquet::basic::PageType)>> {
+        use parquet::basic::PageType;
         use parquet::file::reader::{FileReader, SerializedFileReader};
         let reader = SerializedFileReader::new(Bytes::clone(bytes)).expect("footer");
         let schema = Table::Gpu.schema();
@@ -496,6 +498,7 @@ mod tests {
                         let page = page.expect("page");
                         (page.num_values() as usize, page.page_type())
                     })
+                    .skip_while(|(_, kind)| *kind == PageType::DICTIONARY_PAGE)
                     .collect()
             })
             .collect()
