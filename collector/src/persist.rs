@@ -53,13 +53,13 @@ pub const PLAIN_FLOAT_COLUMNS: [&str; 3] = ["load1", "load5", "load15"];
 /// Integer columns with few distinct values that stay for a phase of a
 /// job, written with a dictionary (falling back to [`INTEGER_ENCODING`]
 /// should a chunk hold too many values): GPU utilization and copy-engine
-/// utilization (0-100) and the SM clock (a handful of clocks). Their
-/// values cost less than their differences (`entropy-floor.sh`), and
-/// dictionary indices took the simulated hour's `gpu_util_pct` from 0.392
-/// to 0.276 bytes a value and `sm_clock_mhz` from 0.039 to 0.016, the
-/// whole hour 1.3 % smaller; the temperatures and the CPU jiffies, whose
-/// differences cost less, grew under a dictionary (benches/README.md,
-/// "Stored size").
+/// utilization (0-100) and the SM clock (a handful of clocks). Chosen by
+/// measurement: run-length coded dictionary indices took the simulated
+/// hour's `gpu_util_pct` from 0.392 to 0.276 bytes a value (its values
+/// cost less than its differences, `entropy-floor.sh`) and `sm_clock_mhz`
+/// from 0.039 to 0.016, the whole hour 1.3 % smaller; the temperatures and
+/// the CPU jiffies grew under a dictionary (benches/README.md, "Stored
+/// size").
 pub const DICTIONARY_INTEGER_COLUMNS: [&str; 3] =
     ["gpu_util_pct", "memory_copy_util_pct", "sm_clock_mhz"];
 /// Boolean columns: run-length encoded bits (flags rarely change).
