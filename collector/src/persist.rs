@@ -237,8 +237,28 @@ fn sort_indices(table: Table, batch: &RecordBatch) -> Result<UInt32Array, ArrowE
     lexsort_to_indices(&columns, None)
 }
 
-/// Rows taken at a time while a flush file is encoded in sorted order.
+/// Rows taken at a time while a file is encoded in sorted order.
 const ENCODE_SLICE_ROWS: usize = 8192;
+
+/// Writes `batch`'s rows in the order of `indices`, taking
+/// [`ENCODE_SLICE_ROWS`] at a time: the Parquet writer keeps only encoded
+/// pages, so the reordered rows are never held whole beside `batch`.
+pub(crate) fn write_in_order<W: std::io::Write + Send, E>(
+    writer: &mut ArrowWriter<W>,
+    batch: &RecordBatch,
+    indices: &UInt32Array,
+    take_error: impl Fn(ArrowError) -> E,
+    write_error: impl Fn(ParquetError) -> E,
+) -> Result<(), E> {
+    let mut start = 0;
+    while start < indices.len() {
+        let len = ENCODE_SLICE_ROWS.min(indices.len() - start);
+        let rows = take_record_batch(batch, &indices.slice(start, len)).map_err(&take_error)?;
+        writer.write(&rows).map_err(&write_error)?;
+        start += len;
+    }
+    Ok(())
+}
 
 /// Sorts a flush's rows by the table's sort key and encodes them as one
 /// Parquet file, taking the sorted rows a slice of [`ENCODE_SLICE_ROWS`] at
@@ -261,13 +281,7 @@ pub fn sort_and_encode(
     let indices = sort_indices(table, batch).map_err(sort_error)?;
     let mut writer =
         in_memory_writer(table.schema(), writer_properties(table), batch).map_err(encode_error)?;
-    let mut start = 0;
-    while start < indices.len() {
-        let len = ENCODE_SLICE_ROWS.min(indices.len() - start);
-        let rows = take_record_batch(batch, &indices.slice(start, len)).map_err(sort_error)?;
-        writer.write(&rows).map_err(encode_error)?;
-        start += len;
-    }
+    write_in_order(&mut writer, batch, &indices, sort_error, encode_error)?;
     finish(writer).map_err(encode_error)
 }
 

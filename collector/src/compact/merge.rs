@@ -641,32 +641,22 @@ impl Outputs {
         let file = self.file_of[bucket];
         if self.current.as_ref().is_none_or(|(f, _)| *f != file) {
             self.close()?;
-            let path = self.path(file);
-            let created = File::create(&path).map_err(|source| {
-                CompactError::Persist(PersistError::Encode {
-                    path: path.display().to_string(),
-                    source: ParquetError::External(Box::new(source)),
-                })
-            })?;
+            let created = File::create(self.path(file))
+                .map_err(|e| self.encode_err(file, ParquetError::External(Box::new(e))))?;
             let props = compacted_properties(self.table, self.file_rows[file]);
             let writer =
                 ArrowWriter::try_new(BufWriter::new(created), self.table.schema(), Some(props))
                     .map_err(|e| self.encode_err(file, e))?;
             self.current = Some((file, writer));
         }
-        let (file, writer) = self.current.as_mut().expect("opened above");
-        let file = *file;
-        let mut start = 0;
-        while start < keep.len() {
-            let end = (start + ENCODE_SLICE_ROWS).min(keep.len());
-            let rows =
-                take_record_batch(&all, &keep.slice(start, end - start)).map_err(merge_err)?;
-            if let Err(e) = writer.write(&rows) {
-                return Err(self.encode_err(file, e));
-            }
-            start = end;
-        }
-        Ok(())
+        let path = self.path(file).display().to_string();
+        let (_, writer) = self.current.as_mut().expect("opened above");
+        write_in_order(writer, &all, &keep, merge_err, |source| {
+            CompactError::Persist(PersistError::Encode {
+                path: path.clone(),
+                source,
+            })
+        })
     }
 
     /// Ends the file being written: its footer, flushed and synced.
@@ -698,9 +688,6 @@ impl Outputs {
         Ok((self.done, self.duplicates))
     }
 }
-
-/// Rows taken at a time while a bucket is written in sorted order.
-const ENCODE_SLICE_ROWS: usize = 8192;
 
 /// The batches as one, concatenated a column at a time so that each
 /// column's parts are freed as soon as it is whole: the rows are held

@@ -42,7 +42,7 @@ use twox_hash::XxHash64;
 
 use crate::persist::{
     MAX_COMPACTED_FILE_ROWS, MAX_MERGE_ROWS, PersistError, compacted_properties, off_runtime,
-    put_file,
+    put_file, write_in_order,
 };
 use crate::store::{self, Store};
 
