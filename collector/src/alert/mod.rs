@@ -187,26 +187,34 @@ impl Alerting {
 }
 
 /// Reloads the rules at every SIGHUP until `stop` turns true.
-pub async fn reload_on_sighup(alerting: Arc<Alerting>, mut stop: watch::Receiver<bool>) {
+///
+/// The handler is installed by this call, not when the returned future is
+/// first polled: SIGHUP's default action ends the process, so a reload asked
+/// for just after the collector said it was listening must not find the
+/// signal still unwatched. Call within a tokio runtime.
+pub fn reload_on_sighup(
+    alerting: Arc<Alerting>,
+    mut stop: watch::Receiver<bool>,
+) -> impl Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
-    {
+    let hup = {
         use tokio::signal::unix::{SignalKind, signal};
-        let mut hup = match signal(SignalKind::hangup()) {
-            Ok(hup) => hup,
-            Err(e) => {
+        signal(SignalKind::hangup())
+            .inspect_err(|e| {
                 warn!(error = %e, "cannot watch SIGHUP; alert rules are read only at start");
-                return;
-            }
-        };
-        loop {
-            tokio::select! {
-                _ = hup.recv() => alerting.reload().await,
-                _ = stopped(&mut stop) => return,
+            })
+            .ok()
+    };
+    async move {
+        #[cfg(unix)]
+        if let Some(mut hup) = hup {
+            loop {
+                tokio::select! {
+                    _ = hup.recv() => alerting.reload().await,
+                    _ = stopped(&mut stop) => return,
+                }
             }
         }
-    }
-    #[cfg(not(unix))]
-    {
         let _ = alerting;
         stopped(&mut stop).await;
     }
