@@ -165,7 +165,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         replayed,
     )
     .await?;
-    let alerting = alerts.map(|prepared| start_alerting(prepared, serving.shared()));
+    let alerting = start_alerting(alerts, serving.shared());
     let addr = serving.local_addr();
     info!(%addr, store = %config.store, flush_interval = ?config.flush_interval, "listening on {addr}");
     let (stop_maintenance, maintenance_stop) = watch::channel(false);
@@ -193,9 +193,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
     }
     info!("shutting down: writing buffered rows");
     systemd::stopping("stopping: writing buffered rows");
-    if let Some(alerting) = alerting {
-        alerting.stop().await;
-    }
+    alerting.stop().await;
     serving.shutdown().await?;
     info!("stopped");
     Ok(())
@@ -283,10 +281,10 @@ async fn maintain(
 /// that many intervals of the holder's end.
 pub const LEASE_ROUNDS: u32 = 3;
 
-/// Alerting and its SIGHUP reloads, stopped together.
+/// Alerting, if there are rules, and its SIGHUP reloads, stopped together.
 #[derive(Debug)]
 pub struct RunningAlerts {
-    alerting: Arc<alert::Alerting>,
+    alerting: Option<Arc<alert::Alerting>>,
     stop_reload: watch::Sender<bool>,
     reload: JoinHandle<()>,
 }
@@ -296,7 +294,10 @@ impl RunningAlerts {
     pub async fn stop(self) {
         let _ = self.stop_reload.send(true);
         let _ = self.reload.await;
-        match Arc::try_unwrap(self.alerting) {
+        let Some(alerting) = self.alerting else {
+            return;
+        };
+        match Arc::try_unwrap(alerting) {
             Ok(alerting) => alerting.stop().await,
             Err(_) => {
                 warn!("alerting still in use at shutdown; its state was saved at the last change")
@@ -309,11 +310,16 @@ impl RunningAlerts {
 /// time for agents' late batches to arrive.
 pub const COMPACT_GRACE: Duration = Duration::from_secs(5 * 60);
 
-/// Starts the alert rules on `shared`'s accepted batches, reloaded at SIGHUP.
-pub fn start_alerting(prepared: alert::PreparedAlerting, shared: &Arc<WritePath>) -> RunningAlerts {
-    let alerting = Arc::new(prepared.start(Arc::clone(shared)));
+/// Starts the alert rules, if any, on `shared`'s accepted batches, reloaded
+/// at SIGHUP. SIGHUP is watched from this call on even without rules, so
+/// that a reload never ends the collector.
+pub fn start_alerting(
+    prepared: Option<alert::PreparedAlerting>,
+    shared: &Arc<WritePath>,
+) -> RunningAlerts {
+    let alerting = prepared.map(|prepared| Arc::new(prepared.start(Arc::clone(shared))));
     let (stop_reload, stop_rx) = watch::channel(false);
-    let reload = tokio::spawn(alert::reload_on_sighup(Arc::clone(&alerting), stop_rx));
+    let reload = tokio::spawn(alert::reload_on_sighup(alerting.clone(), stop_rx));
     RunningAlerts {
         alerting,
         stop_reload,

@@ -405,3 +405,21 @@ fn malformed_rules_are_refused_and_a_bad_reload_keeps_the_old_rules() {
         ]
     );
 }
+
+/// `systemctl reload` sends SIGHUP whether or not the collector has rules:
+/// without them it is logged and ignored, not the end of the process (the
+/// signal's default action), and a stop after it is still clean.
+#[test]
+fn sighup_without_rules_does_not_stop_the_collector() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = dir.path().join("store");
+    let (mut collector, _addr) = start_collector(&store, &[]);
+    // At once after "listening on", as systemd may once READY=1 is sent.
+    collector.send_signal("HUP");
+    collector.wait_for_log("no alert rules to reload", Duration::from_secs(10));
+    collector.send_signal("HUP");
+    collector.wait_for_log("no alert rules to reload", Duration::from_secs(10));
+    let (out, log) = collector.terminate_with_log(Duration::from_secs(30));
+    assert!(out.status.success(), "{:?}\n{}", out.status, log.join("\n"));
+    assert!(log.iter().any(|l| l.contains("stopped")), "{log:#?}");
+}

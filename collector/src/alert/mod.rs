@@ -186,14 +186,17 @@ impl Alerting {
     }
 }
 
-/// Reloads the rules at every SIGHUP until `stop` turns true.
+/// Reloads the rules at every SIGHUP until `stop` turns true; without
+/// rules (`alerting` is `None`) a SIGHUP is logged and changes nothing.
 ///
 /// The handler is installed by this call, not when the returned future is
-/// first polled: SIGHUP's default action ends the process, so a reload asked
-/// for just after the collector said it was listening must not find the
-/// signal still unwatched. Call within a tokio runtime.
+/// first polled: SIGHUP's default action ends the process, and
+/// `systemctl reload` (the unit's `ExecReload`) sends it whether or not the
+/// collector was given rules, so neither a reload asked for just after the
+/// collector said it was listening nor one without rules may find the
+/// signal unwatched. Call within a tokio runtime.
 pub fn reload_on_sighup(
-    alerting: Arc<Alerting>,
+    alerting: Option<Arc<Alerting>>,
     mut stop: watch::Receiver<bool>,
 ) -> impl Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
@@ -210,7 +213,10 @@ pub fn reload_on_sighup(
         if let Some(mut hup) = hup {
             loop {
                 tokio::select! {
-                    _ = hup.recv() => alerting.reload().await,
+                    _ = hup.recv() => match &alerting {
+                        Some(alerting) => alerting.reload().await,
+                        None => info!("SIGHUP: no alert rules to reload (the collector was started without --rules)"),
+                    },
                     _ = stopped(&mut stop) => return,
                 }
             }
