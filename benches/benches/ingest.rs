@@ -12,6 +12,8 @@
 //! - `validate`: `validate_batch` on each decoded batch;
 //! - `append`: `WriteBuffer::append` of every batch into an empty buffer;
 //! - `take`: `WriteBuffer::take`, builders to record batches;
+//! - `sort`: `persist::sort_rows` of every table (the sorted copy included);
+//! - `encode`: `persist::encode` of every table's sorted rows;
 //! - `sort_encode`: `persist::sort_rows` and `persist::encode` of every table;
 //! - `end_to_end`: all of the above in sequence, from encoded messages to
 //!   Parquet bytes. It leaves out HTTP/2 and gRPC framing, the WAL and the
@@ -144,6 +146,31 @@ fn ingest(c: &mut Criterion) {
             |mut buffer| buffer.take().expect("rows fit their schemas"),
             BatchSize::PerIteration,
         )
+    });
+
+    g.bench_function("sort", |b| {
+        b.iter(|| {
+            for (table, _, rb) in &taken {
+                black_box(sort_rows(*table, rb).expect("sort key columns exist"));
+            }
+        })
+    });
+
+    let sorted: Vec<_> = taken
+        .iter()
+        .map(|(table, _, rb)| {
+            (
+                *table,
+                sort_rows(*table, rb).expect("sort key columns exist"),
+            )
+        })
+        .collect();
+    g.bench_function("encode", |b| {
+        b.iter(|| {
+            for (table, rb) in &sorted {
+                black_box(encode(*table, table.schema(), rb).expect("encode Parquet"));
+            }
+        })
     });
 
     g.bench_function("sort_encode", |b| {

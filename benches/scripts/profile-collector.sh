@@ -20,7 +20,7 @@ perf record -q -F 999 -g -o "$dir/perf.data" -- "$COLLECTOR" --listen "127.0.0.1
   --store "$dir/store" --wal-dir "$dir/wal" --plaintext --log warn --flush-rows 200000 \
   2>"$dir/collector.log" &
 PERF_PID=$!
-trap 'set +e; pkill -P "$PERF_PID"; rm -rf "$dir"; true' EXIT
+trap 'set +e; pkill -P "$PERF_PID"; [[ -n ${KEEP_PERF:-} ]] && cp "$dir/perf.data" "$KEEP_PERF"; rm -rf "$dir"; true' EXIT
 wait_port "$port"
 "$LOADGEN" --collector "http://127.0.0.1:$port" --agents "$agents" --gpus 8 --ticks "$ticks" \
   2>"$dir/loadgen.log" || die "gputel-loadgen failed: $(tail -5 "$dir/loadgen.log")"

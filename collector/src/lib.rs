@@ -26,6 +26,7 @@ pub mod peers;
 pub mod persist;
 pub mod report;
 pub mod silence;
+pub mod sort;
 pub mod state_file;
 pub mod store;
 pub mod systemd;

@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use arrow_array::{RecordBatch, UInt32Array};
-use arrow_ord::sort::{SortColumn, lexsort_to_indices};
 use arrow_schema::{ArrowError, DataType, Schema};
 use arrow_select::take::take_record_batch;
 use bytes::Bytes;
@@ -222,19 +221,15 @@ pub fn sort_rows(table: Table, batch: &RecordBatch) -> Result<RecordBatch, Arrow
     take_record_batch(batch, &sort_indices(table, batch)?)
 }
 
-/// The order of a table's rows by its sort key, as indices into `batch`.
+/// The order of a table's rows by its sort key, as indices into `batch`
+/// (rows with equal keys in batch order).
 fn sort_indices(table: Table, batch: &RecordBatch) -> Result<UInt32Array, ArrowError> {
     let columns = table
         .sort_key()
         .iter()
-        .map(|name| {
-            Ok(SortColumn {
-                values: Arc::clone(batch.column(batch.schema().index_of(name)?)),
-                options: None,
-            })
-        })
+        .map(|name| Ok(Arc::clone(batch.column(batch.schema().index_of(name)?))))
         .collect::<Result<Vec<_>, ArrowError>>()?;
-    lexsort_to_indices(&columns, None)
+    crate::sort::sorted_indices(&columns)
 }
 
 /// Rows taken at a time while a file is encoded in sorted order.

@@ -24,7 +24,6 @@ use arrow_ipc::writer::{
     DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions, write_message,
 };
 use arrow_ord::ord::{DynComparator, make_comparator};
-use arrow_ord::sort::{SortColumn, lexsort_to_indices};
 use arrow_schema::{DataType, Schema, SchemaRef, SortOptions};
 use arrow_select::take::{take, take_record_batch};
 use gputel_schemas::RowKey;
@@ -754,25 +753,12 @@ pub(super) fn sort_unique(
     table: Table,
     batch: &RecordBatch,
 ) -> Result<(UInt32Array, Duplicates), ArrowError> {
-    let rows = u32::try_from(batch.num_rows()).map_err(|_| {
-        ArrowError::ComputeError(format!("{} rows are too many to sort", batch.num_rows()))
-    })?;
     let schema = batch.schema();
     let key = key_columns(table, &schema)?;
-    // The position breaks ties, so that equal keys are in batch order.
-    let mut sort_columns: Vec<SortColumn> = key
-        .iter()
-        .map(|&i| SortColumn {
-            values: Arc::clone(batch.column(i)),
-            options: None,
-        })
-        .collect();
-    sort_columns.push(SortColumn {
-        values: Arc::new(UInt32Array::from_iter_values(0..rows)),
-        options: None,
-    });
-    let sorted = lexsort_to_indices(&sort_columns, None)?;
-    drop(sort_columns);
+    // Equal keys stay in batch order.
+    let key_values: Vec<ArrayRef> = key.iter().map(|&i| Arc::clone(batch.column(i))).collect();
+    let sorted = crate::sort::sorted_indices(&key_values)?;
+    drop(key_values);
     let order = sorted.values();
 
     let comparators = |columns: &mut dyn Iterator<Item = usize>| {
