@@ -7,6 +7,7 @@
 #   benches/scripts/profile-collector.sh [AGENTS] [TICKS]   # default 100 1200
 #
 # Needs `perf` (Debian: linux-perf) and perf_event_paranoid ≤ 1 or root.
+# KEEP_PERF=FILE keeps the recording (perf.data) there for `perf report -i`.
 cd "$(dirname "$0")/../.."
 source benches/scripts/common.sh
 

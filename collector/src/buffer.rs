@@ -24,7 +24,7 @@ pub struct WriteBuffer {
     event: BTreeMap<PartitionKey, EventRows>,
     gpu_process: BTreeMap<PartitionKey, GpuProcessRows>,
     /// What was seen of each job on each GPU, per partition, for the `job` table.
-    jobs: BTreeMap<PartitionKey, BTreeMap<JobOnGpu, Seen>>,
+    jobs: BTreeMap<PartitionKey, JobsSeen>,
     alert: BTreeMap<PartitionKey, AlertRows>,
     rows: usize,
     /// Rows of the big tables appended so far.
@@ -42,13 +42,10 @@ struct Sizes {
     ib: usize,
 }
 
-/// A job on one GPU of one node.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-struct JobOnGpu {
-    job_id: String,
-    node: String,
-    gpu: u32,
-}
+/// What was seen of each job on each GPU of each node: job id, then node,
+/// then GPU, so that a row finds its entry by borrowed strings and only a
+/// job or node seen for the first time in the partition is copied.
+type JobsSeen = BTreeMap<String, BTreeMap<String, BTreeMap<u32, Seen>>>;
 
 /// When a job was seen on a GPU, and how often.
 #[derive(Debug, Clone, Copy)]
@@ -83,15 +80,9 @@ impl WriteBuffer {
             if let Some(job_id) = &s.job_id {
                 let key = PartitionKey::from_ts_us(s.ts_us)
                     .expect("ValidBatch guarantees every timestamp has a partition");
-                let job = JobOnGpu {
-                    job_id: job_id.clone(),
-                    node: node.to_owned(),
-                    gpu: s.gpu,
-                };
-                self.jobs
-                    .entry(key)
-                    .or_default()
-                    .entry(job)
+                let nodes = entry_by_str(self.jobs.entry(key).or_default(), job_id);
+                entry_by_str(nodes, node)
+                    .entry(s.gpu)
                     .and_modify(|seen| {
                         seen.first_us = seen.first_us.min(s.ts_us);
                         seen.last_us = seen.last_us.max(s.ts_us);
@@ -181,15 +172,19 @@ impl WriteBuffer {
         finish_all(Table::Alert, &mut self.alert, &mut out)?;
         for (key, jobs) in std::mem::take(&mut self.jobs) {
             let mut rows = JobRows::default();
-            for (job, seen) in &jobs {
-                let span = JobSpan {
-                    job_id: &job.job_id,
-                    gpu: job.gpu,
-                    first_us: seen.first_us,
-                    last_us: seen.last_us,
-                    samples: seen.samples,
-                };
-                rows.push(&job.node, &span);
+            for (job_id, nodes) in &jobs {
+                for (node, gpus) in nodes {
+                    for (&gpu, seen) in gpus {
+                        let span = JobSpan {
+                            job_id,
+                            gpu,
+                            first_us: seen.first_us,
+                            last_us: seen.last_us,
+                            samples: seen.samples,
+                        };
+                        rows.push(node, &span);
+                    }
+                }
             }
             out.push((
                 Table::Job,
@@ -199,6 +194,15 @@ impl WriteBuffer {
         }
         Ok(out)
     }
+}
+
+/// The value under `key`, inserted empty if absent; `key` is copied only
+/// then.
+fn entry_by_str<'m, V: Default>(map: &'m mut BTreeMap<String, V>, key: &str) -> &'m mut V {
+    if !map.contains_key(key) {
+        map.insert(key.to_owned(), V::default());
+    }
+    map.get_mut(key).expect("inserted above")
 }
 
 /// Appends rows to their partitions; the first partition made starts with
