@@ -8,7 +8,9 @@ say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
 REL="$(pwd)/target/release"
-COLLECTOR="$REL/gputel-collector"
+# GPUTEL_BENCH_COLLECTOR=/path/to/gputel-collector measures another collector
+# build (an older commit's, say) with the same scripts and load generator.
+COLLECTOR="${GPUTEL_BENCH_COLLECTOR:-$REL/gputel-collector}"
 AGENT="$REL/gputel-agent"
 LOADGEN="$REL/gputel-loadgen"
 FAKE_NVML="$REL/libgputel_fake_nvml.so"

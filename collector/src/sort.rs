@@ -11,8 +11,10 @@
 //! comparison per column and compares dictionary strings byte by byte
 //! (`memcmp`) at every step: a flush's sort takes about a fifth of its time
 //! (`cargo bench -p gputel-benches --bench ingest -- 'ingest/sort$'`).
-//! Keys whose columns do not fit in 128 bits, or of other types, are sorted
-//! by `lexsort_to_indices` with the position as a last column.
+//! A key of up to 64 bits is sorted as a `u64` (8 bytes a row, twice the
+//! indices lexsort makes), a wider one as a `u128`; keys whose columns do
+//! not fit in 128 bits, or of other types, are sorted by
+//! `lexsort_to_indices` with the position as a last column.
 
 use std::sync::Arc;
 
@@ -34,30 +36,25 @@ pub fn sorted_indices(columns: &[ArrayRef]) -> Result<UInt32Array, ArrowError> {
     }
     let rows = u32::try_from(rows)
         .map_err(|_| ArrowError::ComputeError(format!("{rows} rows are too many to sort")))?;
-    match packed_keys(columns, rows)? {
-        Some(mut keys) => {
-            keys.sort_unstable();
-            let position_mask = (1u128 << position_bits(rows)) - 1;
-            Ok(keys
-                .into_iter()
-                .map(|k| (k & position_mask) as u32)
-                .collect())
-        }
-        None => {
-            let mut sort_columns: Vec<SortColumn> = columns
-                .iter()
-                .map(|c| SortColumn {
-                    values: Arc::clone(c),
-                    options: None,
-                })
-                .collect();
-            sort_columns.push(SortColumn {
-                values: Arc::new(UInt32Array::from_iter_values(0..rows)),
+    let Some(plan) = Plan::of(columns, rows)? else {
+        let mut sort_columns: Vec<SortColumn> = columns
+            .iter()
+            .map(|c| SortColumn {
+                values: Arc::clone(c),
                 options: None,
-            });
-            lexsort_to_indices(&sort_columns, None)
-        }
-    }
+            })
+            .collect();
+        sort_columns.push(SortColumn {
+            values: Arc::new(UInt32Array::from_iter_values(0..rows)),
+            options: None,
+        });
+        return lexsort_to_indices(&sort_columns, None);
+    };
+    Ok(if plan.bits <= u64::BITS {
+        plan.sort::<u64>(rows)
+    } else {
+        plan.sort::<u128>(rows)
+    })
 }
 
 /// Bits that hold a row position below `rows`.
@@ -65,108 +62,192 @@ fn position_bits(rows: u32) -> u32 {
     u32::BITS - rows.saturating_sub(1).leading_zeros()
 }
 
-/// One column's order as integers: 0 for a null, else 1 + the value's
-/// place, ordered as the column's values are.
-struct Ordinals {
-    /// Bits the largest ordinal takes.
+/// Bits that hold every integer up to `max`.
+fn bits_for(max: u64) -> u32 {
+    u64::BITS - max.leading_zeros()
+}
+
+/// How each column becomes bits of the packed key. A column's ordinal is 0
+/// for a null, else 1 + the value's place, ordered as its values are.
+struct Plan<'a> {
+    columns: Vec<(Ordinal<'a>, u32)>,
+    /// Bits of the whole key, the position's included.
     bits: u32,
-    /// Each row's ordinal.
-    values: Vec<u64>,
 }
 
-impl Ordinals {
-    fn new(max: u64, values: Vec<u64>) -> Self {
-        Self {
-            bits: u64::BITS - max.leading_zeros(),
-            values,
-        }
-    }
+enum Ordinal<'a> {
+    /// 1 + the distance from the column's least value.
+    Int32(&'a PrimitiveArray<Int32Type>, i64),
+    Int64(&'a PrimitiveArray<Int64Type>, i64),
+    UInt32(&'a PrimitiveArray<UInt32Type>, i64),
+    Timestamp(&'a PrimitiveArray<TimestampMicrosecondType>, i64),
+    /// 1 + the rank of the key's string among the dictionary's distinct
+    /// strings (a dictionary may hold a string twice; both entries get its
+    /// rank), 0 for a null entry.
+    Dictionary(&'a PrimitiveArray<Int32Type>, Vec<u64>),
 }
 
-/// Each row's key packed into a `u128`: the columns' ordinals from the most
-/// significant bits down, the row's position in the lowest. `None` when a
-/// column's type has no ordinals here or the key needs more than 128 bits.
-fn packed_keys(columns: &[ArrayRef], rows: u32) -> Result<Option<Vec<u128>>, ArrowError> {
-    let mut ordinals = Vec::with_capacity(columns.len());
-    let mut bits = position_bits(rows);
-    for column in columns {
-        let Some(o) = ordinals_of(column)? else {
-            return Ok(None);
+impl<'a> Plan<'a> {
+    /// `None` when a column's type has no ordinals here or the key needs
+    /// more than 128 bits.
+    fn of(columns: &'a [ArrayRef], rows: u32) -> Result<Option<Self>, ArrowError> {
+        let mut plan = Plan {
+            columns: Vec::with_capacity(columns.len()),
+            bits: position_bits(rows),
         };
-        bits += o.bits;
-        if bits > u128::BITS {
-            return Ok(None);
+        for column in columns {
+            let Some((ordinal, max)) = ordinal_of(column)? else {
+                return Ok(None);
+            };
+            let bits = bits_for(max);
+            plan.bits += bits;
+            if plan.bits > u128::BITS {
+                return Ok(None);
+            }
+            plan.columns.push((ordinal, bits));
         }
-        ordinals.push(o);
+        Ok(Some(plan))
     }
-    let mut keys: Vec<u128> = (0..rows).map(u128::from).collect();
-    let mut shift = position_bits(rows);
-    for o in ordinals.iter().rev() {
-        if o.bits > 0 {
-            for (key, &ordinal) in keys.iter_mut().zip(&o.values) {
-                *key |= u128::from(ordinal) << shift;
+
+    /// Packs each row's key into a `K`, sorts them and returns the
+    /// positions in that order.
+    fn sort<K: Key>(&self, rows: u32) -> UInt32Array {
+        let mut keys: Vec<K> = (0..rows).map(K::from_u32).collect();
+        let mut shift = position_bits(rows);
+        for (ordinal, bits) in self.columns.iter().rev() {
+            if *bits > 0 {
+                ordinal.or_into(&mut keys, shift);
+            }
+            shift += bits;
+        }
+        keys.sort_unstable();
+        let mask = (1u64 << position_bits(rows)) - 1;
+        keys.into_iter().map(|k| k.low(mask)).collect()
+    }
+}
+
+/// A packed key: `u64` or `u128`.
+trait Key: Copy + Ord {
+    fn from_u32(position: u32) -> Self;
+    /// `self | ordinal << shift`.
+    fn or_shifted(self, ordinal: u64, shift: u32) -> Self;
+    /// The position: the bits under `mask`.
+    fn low(self, mask: u64) -> u32;
+}
+
+impl Key for u64 {
+    fn from_u32(position: u32) -> Self {
+        u64::from(position)
+    }
+    fn or_shifted(self, ordinal: u64, shift: u32) -> Self {
+        self | ordinal << shift
+    }
+    fn low(self, mask: u64) -> u32 {
+        (self & mask) as u32
+    }
+}
+
+impl Key for u128 {
+    fn from_u32(position: u32) -> Self {
+        u128::from(position)
+    }
+    fn or_shifted(self, ordinal: u64, shift: u32) -> Self {
+        self | u128::from(ordinal) << shift
+    }
+    fn low(self, mask: u64) -> u32 {
+        (self & u128::from(mask)) as u32
+    }
+}
+
+impl Ordinal<'_> {
+    fn or_into<K: Key>(&self, keys: &mut [K], shift: u32) {
+        fn ints<K: Key, T: ArrowPrimitiveType>(
+            keys: &mut [K],
+            shift: u32,
+            array: &PrimitiveArray<T>,
+            min: i64,
+            wide: impl Fn(T::Native) -> i64,
+        ) {
+            for (key, v) in keys.iter_mut().zip(array.iter()) {
+                let ordinal = v.map_or(0, |v| wide(v).abs_diff(min) + 1);
+                *key = key.or_shifted(ordinal, shift);
             }
         }
-        shift += o.bits;
+        match self {
+            Ordinal::Int32(a, min) => ints(keys, shift, *a, *min, i64::from),
+            Ordinal::Int64(a, min) => ints(keys, shift, *a, *min, |v| v),
+            Ordinal::UInt32(a, min) => ints(keys, shift, *a, *min, i64::from),
+            Ordinal::Timestamp(a, min) => ints(keys, shift, *a, *min, |v| v),
+            Ordinal::Dictionary(dictionary_keys, rank) => {
+                for (key, k) in keys.iter_mut().zip(dictionary_keys.iter()) {
+                    let ordinal = k.map_or(0, |k| rank[k as usize]);
+                    *key = key.or_shifted(ordinal, shift);
+                }
+            }
+        }
     }
-    Ok(Some(keys))
 }
 
-fn ordinals_of(column: &ArrayRef) -> Result<Option<Ordinals>, ArrowError> {
+/// A column's ordinals and the largest of them; `None` for a type that has
+/// none here, or an integer range that does not fit in 64 bits (nearly all
+/// of i64).
+fn ordinal_of(column: &ArrayRef) -> Result<Option<(Ordinal<'_>, u64)>, ArrowError> {
     Ok(match column.data_type() {
-        DataType::Int32 => integer_ordinals::<Int32Type>(column, i64::from),
-        DataType::Int64 => integer_ordinals::<Int64Type>(column, |v| v),
-        DataType::UInt32 => integer_ordinals::<UInt32Type>(column, i64::from),
+        DataType::Int32 => {
+            let a = column.as_primitive::<Int32Type>();
+            range(a, i64::from).map(|(min, max)| (Ordinal::Int32(a, min), max))
+        }
+        DataType::Int64 => {
+            let a = column.as_primitive::<Int64Type>();
+            range(a, |v| v).map(|(min, max)| (Ordinal::Int64(a, min), max))
+        }
+        DataType::UInt32 => {
+            let a = column.as_primitive::<UInt32Type>();
+            range(a, i64::from).map(|(min, max)| (Ordinal::UInt32(a, min), max))
+        }
         DataType::Timestamp(TimeUnit::Microsecond, _) => {
-            integer_ordinals::<TimestampMicrosecondType>(column, |v| v)
+            let a = column.as_primitive::<TimestampMicrosecondType>();
+            range(a, |v| v).map(|(min, max)| (Ordinal::Timestamp(a, min), max))
         }
         DataType::Dictionary(key, value)
             if **key == DataType::Int32 && **value == DataType::Utf8 =>
         {
-            Some(dictionary_ordinals(column)?)
+            let dictionary = column.as_dictionary::<Int32Type>();
+            let (rank, max) = ranks(dictionary.values())?;
+            Some((Ordinal::Dictionary(dictionary.keys(), rank), max))
         }
         _ => None,
     })
 }
 
-/// Ordinals of an integer column: 1 + the distance from its least value;
-/// `None` when that does not fit in 64 bits (a range of nearly all of i64).
-fn integer_ordinals<T: ArrowPrimitiveType>(
-    column: &ArrayRef,
+/// The least value of an integer column and its largest ordinal (0 when
+/// every row is null); `None` when the ordinals do not fit in 64 bits.
+fn range<T: ArrowPrimitiveType>(
+    array: &PrimitiveArray<T>,
     wide: impl Fn(T::Native) -> i64,
-) -> Option<Ordinals> {
-    let array: &PrimitiveArray<T> = column.as_primitive::<T>();
+) -> Option<(i64, u64)> {
     let (min, max) = array
         .iter()
         .flatten()
-        .map(&wide)
+        .map(wide)
         .fold((i64::MAX, i64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
     if min > max {
-        // No value: every ordinal 0.
-        return Some(Ordinals::new(0, vec![0; array.len()]));
+        return Some((0, 0));
     }
-    // max - min + 1 fits in u64 unless the range spans nearly all of i64.
     let top = u64::try_from(i128::from(max) - i128::from(min) + 1).ok()?;
-    let values = array
-        .iter()
-        .map(|v| v.map_or(0, |v| wide(v).abs_diff(min) + 1))
-        .collect();
-    Some(Ordinals::new(top, values))
+    Some((min, top))
 }
 
-/// Ordinals of a dictionary of strings: 1 + the rank of the row's string
-/// among the dictionary's distinct strings (a dictionary may hold a string
-/// twice; both entries get its rank).
-fn dictionary_ordinals(column: &ArrayRef) -> Result<Ordinals, ArrowError> {
-    let dictionary = column.as_dictionary::<Int32Type>();
-    let strings = dictionary.values().as_string::<i32>();
-    let order = sort_to_indices(dictionary.values(), None, None)?;
+/// Each dictionary entry's ordinal, 1 + its string's rank among the
+/// distinct strings (0 for a null entry), and the largest.
+fn ranks(strings: &ArrayRef) -> Result<(Vec<u64>, u64), ArrowError> {
+    let order = sort_to_indices(strings, None, None)?;
+    let strings = strings.as_string::<i32>();
     let mut rank = vec![0u64; strings.len()];
     let mut next = 0u64;
     let mut previous: Option<&str> = None;
     for &i in order.values() {
         let i = i as usize;
-        // A null entry of the dictionary orders as a null row: rank 0.
         if strings.is_null(i) {
             continue;
         }
@@ -177,17 +258,7 @@ fn dictionary_ordinals(column: &ArrayRef) -> Result<Ordinals, ArrowError> {
         }
         rank[i] = next;
     }
-    let keys = dictionary.keys();
-    let values = (0..keys.len())
-        .map(|row| {
-            if keys.is_null(row) {
-                0
-            } else {
-                rank[keys.value(row) as usize]
-            }
-        })
-        .collect();
-    Ok(Ordinals::new(next, values))
+    Ok((rank, next))
 }
 
 #[cfg(test)]
@@ -288,6 +359,29 @@ mod tests {
     }
 
     #[test]
+    fn keys_wider_than_64_bits_sort_as_u128() {
+        let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+        let rows = 3000;
+        let wide = |rng: &mut Rng, range: u64| -> ArrayRef {
+            Arc::new(Int64Array::from_iter((0..rows).map(|_| {
+                // Few distinct values, far apart: ties and a wide range.
+                (rng.below(4) != 0).then(|| (rng.below(6) * (range / 6)) as i64 - 7)
+            })))
+        };
+        let columns = [
+            wide(&mut rng, 1 << 50),
+            names(&mut rng, rows, 5, true),
+            wide(&mut rng, 1 << 30),
+        ];
+        let plan = Plan::of(&columns, rows as u32)
+            .expect("ordinals")
+            .expect("packs");
+        assert!(plan.bits > 64 && plan.bits <= 128, "{}", plan.bits);
+        let ours = sorted_indices(&columns).expect("sort");
+        assert_eq!(ours.values().to_vec(), reference(&columns));
+    }
+
+    #[test]
     fn a_dictionary_with_repeated_and_unused_strings_ranks_by_string() {
         // Keys 0 and 3 are the same string; "a" is never used.
         let keys = Int32Array::from(vec![3, 1, 0, 2, 3, 0]);
@@ -307,14 +401,14 @@ mod tests {
     fn keys_too_wide_to_pack_or_of_other_types_fall_back_to_lexsort() {
         let wide: ArrayRef = Arc::new(Int64Array::from(vec![i64::MAX, i64::MIN, 0, i64::MAX]));
         let columns = [Arc::clone(&wide), Arc::clone(&wide)];
-        assert!(packed_keys(&columns, 4).expect("ordinals").is_none());
+        assert!(Plan::of(&columns, 4).expect("ordinals").is_none());
         assert_eq!(
             sorted_indices(&columns).expect("sort").values().to_vec(),
             [1, 2, 0, 3]
         );
         let flags: ArrayRef = Arc::new(BooleanArray::from(vec![true, false, true]));
         assert!(
-            packed_keys(&[Arc::clone(&flags)], 3)
+            Plan::of(&[Arc::clone(&flags)], 3)
                 .expect("ordinals")
                 .is_none()
         );
