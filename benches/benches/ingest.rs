@@ -8,7 +8,8 @@
 //! interval: 60 s of 16 simulated nodes (8 GPUs, 4 IB ports each) at 1 Hz,
 //! one Batch per node and tick, as agents send them:
 //!
-//! - `decode`: prost-decoding each AgentMessage;
+//! - `decode`: each AgentMessage's census and decoding, as the collector
+//!   takes it off the stream;
 //! - `validate`: `validate_batch` on each decoded batch;
 //! - `append`: `WriteBuffer::append` of every batch into an empty buffer;
 //! - `take`: `WriteBuffer::take`, builders to record batches;
@@ -26,11 +27,14 @@
 use std::hint::black_box;
 use std::time::Duration;
 
+use bytes::Bytes;
 use criterion::{BatchSize, Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
 use gputel_benches::{AgentBatch, bench_mode, buffer_and_take, metric_values, simulate};
 use gputel_collector::buffer::WriteBuffer;
+use gputel_collector::ingest::decode;
 use gputel_collector::persist::{encode, sort_rows};
 use gputel_collector::validate::validate_batch;
+use gputel_proto::wire::census;
 use gputel_proto::{AgentMessage, Batch, agent_message};
 use gputel_schemas::{PartitionKey, Table};
 use prost::Message;
@@ -52,8 +56,11 @@ fn encode_message(batch: &Batch) -> Vec<u8> {
     .encode_to_vec()
 }
 
-fn decode_batch(bytes: &[u8]) -> Batch {
-    match AgentMessage::decode(bytes) {
+/// What the collector does with a message off the stream: its census, then
+/// its decoding.
+fn decode_batch(bytes: &Bytes) -> Batch {
+    let census = census(bytes).expect("a well-formed message");
+    match decode(bytes, &census) {
         Ok(AgentMessage {
             kind: Some(agent_message::Kind::Batch(batch)),
         }) => batch,
@@ -86,11 +93,14 @@ fn sort_encode_all(taken: &[(Table, PartitionKey, arrow_array::RecordBatch)]) ->
 fn ingest(c: &mut Criterion) {
     let (nodes, seconds) = flush_set();
     let batches = simulate(nodes, seconds);
-    let messages: Vec<Vec<u8>> = batches.iter().map(|b| encode_message(&b.batch)).collect();
+    let messages: Vec<Bytes> = batches
+        .iter()
+        .map(|b| Bytes::from(encode_message(&b.batch)))
+        .collect();
     let now_us = arrival_us(&batches);
     let taken = buffer_and_take(&batches);
     let values: u64 = taken.iter().map(|(t, _, rb)| metric_values(*t, rb)).sum();
-    let wire: usize = messages.iter().map(Vec::len).sum();
+    let wire: usize = messages.iter().map(Bytes::len).sum();
     println!(
         "ingest/*: {nodes} nodes × {seconds} s = {} batches, {values} metric values, \
          {wire} bytes of messages ({:.2} bytes/value on the wire)",
