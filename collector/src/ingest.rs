@@ -536,7 +536,7 @@ mod tests {
             gpu: i,
             uuid: format!("GPU-{i}"),
             model: "NVIDIA H100 80GB HBM3".to_owned(),
-            job_id: (i % 2 == 0).then(|| format!("{}", 1000 + i)),
+            job_id: i.is_multiple_of(2).then(|| format!("{}", 1000 + i)),
             ..Default::default()
         }
     }
