@@ -37,24 +37,29 @@ pub fn sorted_indices(columns: &[ArrayRef]) -> Result<UInt32Array, ArrowError> {
     let rows = u32::try_from(rows)
         .map_err(|_| ArrowError::ComputeError(format!("{rows} rows are too many to sort")))?;
     let Some(plan) = Plan::of(columns, rows)? else {
-        let mut sort_columns: Vec<SortColumn> = columns
-            .iter()
-            .map(|c| SortColumn {
-                values: Arc::clone(c),
-                options: None,
-            })
-            .collect();
-        sort_columns.push(SortColumn {
-            values: Arc::new(UInt32Array::from_iter_values(0..rows)),
-            options: None,
-        });
-        return lexsort_to_indices(&sort_columns, None);
+        return lexsort_with_position(columns, rows);
     };
     Ok(if plan.bits <= u64::BITS {
         plan.sort::<u64>(rows)
     } else {
         plan.sort::<u128>(rows)
     })
+}
+
+/// `lexsort_to_indices` of `columns` and then the position: the same order.
+fn lexsort_with_position(columns: &[ArrayRef], rows: u32) -> Result<UInt32Array, ArrowError> {
+    let mut sort_columns: Vec<SortColumn> = columns
+        .iter()
+        .map(|c| SortColumn {
+            values: Arc::clone(c),
+            options: None,
+        })
+        .collect();
+    sort_columns.push(SortColumn {
+        values: Arc::new(UInt32Array::from_iter_values(0..rows)),
+        options: None,
+    });
+    lexsort_to_indices(&sort_columns, None)
 }
 
 /// Bits that hold a row position below `rows`.
@@ -270,19 +275,7 @@ mod tests {
 
     /// What `lexsort_to_indices` gives with the position as a last column.
     fn reference(columns: &[ArrayRef]) -> Vec<u32> {
-        let rows = columns[0].len() as u32;
-        let mut sort_columns: Vec<SortColumn> = columns
-            .iter()
-            .map(|c| SortColumn {
-                values: Arc::clone(c),
-                options: None,
-            })
-            .collect();
-        sort_columns.push(SortColumn {
-            values: Arc::new(UInt32Array::from_iter_values(0..rows)),
-            options: None,
-        });
-        lexsort_to_indices(&sort_columns, None)
+        lexsort_with_position(columns, columns[0].len() as u32)
             .expect("lexsort")
             .values()
             .to_vec()
