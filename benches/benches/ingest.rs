@@ -61,9 +61,12 @@ fn encode_message(batch: &Batch) -> Vec<u8> {
 fn decode_batch(bytes: &Bytes) -> Batch {
     let census = census(bytes).expect("a well-formed message");
     match decode(bytes, &census) {
-        Ok(AgentMessage {
-            kind: Some(agent_message::Kind::Batch(batch)),
-        }) => batch,
+        Ok((
+            AgentMessage {
+                kind: Some(agent_message::Kind::Batch(batch)),
+            },
+            _,
+        )) => batch,
         other => panic!("expected a batch, got {other:?}"),
     }
 }

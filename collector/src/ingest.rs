@@ -185,9 +185,9 @@ struct Session {
 
 /// What came off a stream.
 enum Received {
-    /// A decoded message and its bytes, with the memory granted to both
-    /// until they are dropped.
-    Message(AgentMessage, Bytes, OwnedSemaphorePermit),
+    /// A decoded message, a batch's bytes as sent (see [`decode`]), and
+    /// the memory granted to the message until it is dropped.
+    Message(AgentMessage, Option<Bytes>, OwnedSemaphorePermit),
     /// A message larger, decoded, than one message may be.
     TooLarge(Census),
     /// The agent ended its stream.
@@ -278,13 +278,12 @@ impl Session {
                     AgentMessage {
                         kind: Some(agent_message::Kind::Batch(batch)),
                     },
-                    raw,
+                    encoded,
                     _memory,
                 ) => {
                     // The batch's bytes as sent, logged as they came.
-                    let encoded = gputel_proto::wire::single_field(&raw, 2);
                     if let Err(status) = self
-                        .on_batch(&hello.node, &hello.agent_id, &batch, encoded)
+                        .on_batch(&hello.node, &hello.agent_id, &batch, encoded.as_deref())
                         .await
                     {
                         self.fail(status).await;
@@ -372,7 +371,7 @@ impl Session {
             }
         };
         match decode(&raw, &census) {
-            Ok(message) => Received::Message(message, raw, memory),
+            Ok((message, encoded)) => Received::Message(message, encoded, memory),
             Err(e) => Received::Failed(Status::invalid_argument(format!("malformed message: {e}"))),
         }
     }
@@ -495,18 +494,23 @@ impl Session {
     }
 }
 
-/// Decodes a message its census counted. A batch that is the message's one
-/// field 2 is decoded into vectors sized by the census, so that its rows
-/// are not moved as the vectors grow (a `GpuSample` is about 1 KiB: eight
-/// of them were four allocations and seven rows copied); anything else as
-/// prost decodes it. Both give the same message.
-pub fn decode(raw: &Bytes, census: &Census) -> Result<AgentMessage, prost::DecodeError> {
+/// Decodes a message its census counted, with the bytes of its batch as
+/// sent when the batch is the message's one field 2 (the collector logs
+/// those instead of encoding the decoded batch again). Such a batch is
+/// decoded into vectors sized by the census, so that its rows are not moved
+/// as the vectors grow (a `GpuSample` is about 1 KiB: eight of them were
+/// four allocations and seven rows copied); anything else as prost decodes
+/// it. Both give the same message.
+pub fn decode(
+    raw: &Bytes,
+    census: &Census,
+) -> Result<(AgentMessage, Option<Bytes>), prost::DecodeError> {
     let batch_bytes = match census.kind {
         Kind::Batch { .. } => gputel_proto::wire::single_field(raw, 2),
         Kind::Hello | Kind::Empty => None,
     };
-    let Some(batch_bytes) = batch_bytes else {
-        return AgentMessage::decode(raw.clone());
+    let Some(batch_bytes) = batch_bytes.map(|b| raw.slice_ref(b)) else {
+        return Ok((AgentMessage::decode(raw.clone())?, None));
     };
     let capacity = |rows: u64| usize::try_from(rows).unwrap_or(0);
     let mut batch = gputel_proto::Batch {
@@ -517,10 +521,11 @@ pub fn decode(raw: &Bytes, census: &Census) -> Result<AgentMessage, prost::Decod
         gpu_process: Vec::with_capacity(capacity(census.gpu_process)),
         ..Default::default()
     };
-    batch.merge(raw.slice_ref(batch_bytes))?;
-    Ok(AgentMessage {
+    batch.merge(batch_bytes.clone())?;
+    let message = AgentMessage {
         kind: Some(agent_message::Kind::Batch(batch)),
-    })
+    };
+    Ok((message, Some(batch_bytes)))
 }
 
 #[cfg(test)]
@@ -581,15 +586,21 @@ mod tests {
         for message in messages {
             let raw = Bytes::from(message);
             let census = census(&raw).expect("census");
-            let ours = decode(&raw, &census).expect("decodes");
+            let (ours, encoded) = decode(&raw, &census).expect("decodes");
             assert_eq!(ours, AgentMessage::decode(raw.clone()).expect("decodes"));
+            assert_eq!(
+                encoded.as_deref(),
+                gputel_proto::wire::single_field(&raw, 2)
+                    .filter(|_| matches!(ours.kind, Some(agent_message::Kind::Batch(_))))
+            );
         }
         let raw = Bytes::from(one);
-        let Some(agent_message::Kind::Batch(decoded)) =
-            decode(&raw, &census(&raw).expect("census"))
-                .expect("decodes")
-                .kind
-        else {
+        let (decoded, encoded) = decode(&raw, &census(&raw).expect("census")).expect("decodes");
+        assert_eq!(
+            encoded.as_deref(),
+            gputel_proto::wire::single_field(&raw, 2)
+        );
+        let Some(agent_message::Kind::Batch(decoded)) = decoded.kind else {
             panic!("a batch");
         };
         assert_eq!(decoded.gpu.capacity(), 8);

@@ -758,7 +758,6 @@ pub(super) fn sort_unique(
     // Equal keys stay in batch order.
     let key_values: Vec<ArrayRef> = key.iter().map(|&i| Arc::clone(batch.column(i))).collect();
     let sorted = crate::sort::sorted_indices(&key_values)?;
-    drop(key_values);
     let order = sorted.values();
 
     let comparators = |columns: &mut dyn Iterator<Item = usize>| {
