@@ -15,7 +15,9 @@
 //! - `take`: `WriteBuffer::take`, builders to record batches;
 //! - `sort`: `persist::sort_rows` of every table (the sorted copy included);
 //! - `encode`: `persist::encode` of every table's sorted rows;
-//! - `sort_encode`: `persist::sort_rows` and `persist::encode` of every table;
+//! - `sort_encode`: `persist::sort_and_encode` of every table, as a flush
+//!   sorts and encodes (a column at a time since 2026-11-27; before, this
+//!   was `persist::sort_rows` and then `persist::encode`);
 //! - `end_to_end`: all of the above in sequence, from encoded messages to
 //!   Parquet bytes. It leaves out HTTP/2 and gRPC framing, the WAL and the
 //!   store's write of the file (`benches/scripts/ingest.sh` measures those
@@ -32,7 +34,7 @@ use criterion::{BatchSize, Criterion, SamplingMode, Throughput, criterion_group,
 use gputel_benches::{AgentBatch, bench_mode, buffer_and_take, metric_values, simulate};
 use gputel_collector::buffer::WriteBuffer;
 use gputel_collector::ingest::decode;
-use gputel_collector::persist::{encode, sort_rows};
+use gputel_collector::persist::{encode, sort_and_encode, sort_rows};
 use gputel_collector::validate::validate_batch;
 use gputel_proto::wire::census;
 use gputel_proto::{AgentMessage, Batch, agent_message};
@@ -85,9 +87,8 @@ fn sort_encode_all(taken: &[(Table, PartitionKey, arrow_array::RecordBatch)]) ->
     taken
         .iter()
         .map(|(table, _, rb)| {
-            let sorted = sort_rows(*table, rb).expect("sort key columns exist");
-            encode(*table, table.schema(), &sorted)
-                .expect("encode Parquet")
+            sort_and_encode(*table, rb, table.name())
+                .expect("sort and encode Parquet")
                 .len()
         })
         .sum()
