@@ -657,6 +657,17 @@ mod tests {
             .collect()
     }
 
+    /// Every row of a Parquet file, in one batch.
+    fn read_rows(bytes: Bytes) -> RecordBatch {
+        let batches: Vec<RecordBatch> = ParquetRecordBatchReaderBuilder::try_new(bytes)
+            .expect("footer")
+            .build()
+            .expect("reader")
+            .collect::<Result<_, _>>()
+            .expect("rows");
+        arrow_select::concat::concat_batches(&batches[0].schema(), &batches).expect("concat")
+    }
+
     /// The file `ArrowWriter` makes of `batch`'s rows in the order of
     /// `indices`, a slice of rows at a time: the reference for
     /// [`encode_in_order`].
@@ -702,14 +713,7 @@ mod tests {
             .find(|(t, _)| *t == Table::Gpu)
             .expect("gpu rows");
         let sorted = sort_rows(Table::Gpu, gpu).expect("sort");
-        let bytes = sort_and_encode(Table::Gpu, gpu, "gpu.parquet").expect("encode");
-        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes).expect("footer");
-        let read: Vec<RecordBatch> = reader
-            .build()
-            .expect("reader")
-            .collect::<Result<_, _>>()
-            .expect("rows");
-        let read = arrow_select::concat::concat_batches(&read[0].schema(), &read).expect("concat");
+        let read = read_rows(sort_and_encode(Table::Gpu, gpu, "gpu.parquet").expect("encode"));
         assert_eq!(read.num_rows(), 28_800);
         for name in [
             "node",
@@ -746,31 +750,18 @@ mod tests {
         let indices = sort_indices(Table::Gpu, &gpu).expect("sort");
         let bytes =
             encode_in_order(props(), &gpu, &indices, ParquetError::from, |e| e).expect("encode");
-        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes).expect("footer");
-        let groups: Vec<i64> = reader
-            .metadata()
+        let groups: Vec<i64> = parquet::file::metadata::ParquetMetaDataReader::new()
+            .parse_and_finish(&bytes)
+            .expect("footer")
             .row_groups()
             .iter()
             .map(|g| g.num_rows())
             .collect();
         assert_eq!(groups, [10_000, 9_200]);
-        let read: Vec<RecordBatch> = reader
-            .build()
-            .expect("reader")
-            .collect::<Result<_, _>>()
-            .expect("rows");
-        let read = arrow_select::concat::concat_batches(&read[0].schema(), &read).expect("concat");
         // The rows the ArrowWriter's file holds (its pages may be cut
         // elsewhere, as it splits its slices at the group's end).
-        let reference =
-            ParquetRecordBatchReaderBuilder::try_new(written_in_order(props(), &gpu, &indices))
-                .expect("footer")
-                .build()
-                .expect("reader")
-                .collect::<Result<Vec<_>, _>>()
-                .expect("rows");
-        let reference = arrow_select::concat::concat_batches(&reference[0].schema(), &reference)
-            .expect("concat");
+        let read = read_rows(bytes);
+        let reference = read_rows(written_in_order(props(), &gpu, &indices));
         assert!(read == reference, "rows differ from the ArrowWriter's");
     }
 
