@@ -328,6 +328,7 @@ pub(crate) fn encode_in_order<E>(
                 let rows =
                     take(column.as_ref(), &group.slice(start, len), None).map_err(&take_error)?;
                 let leaves = compute_leaves(field, &rows).map_err(&write_error)?;
+                debug_assert_eq!(leaves.len(), writers.len(), "a writer per leaf");
                 for (writer, leaf) in writers.iter_mut().zip(&leaves) {
                     writer.write(leaf).map_err(&write_error)?;
                 }
