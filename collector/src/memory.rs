@@ -10,7 +10,31 @@
 //! | unwritten rows | 1/2 | `--max-unwritten-rows`: batches are refused beyond it |
 //! | the rest | 1/8 | writing Parquet, the log, compaction ([`crate::persist::MAX_MERGE_ROWS`] rows at a time), the runtime |
 
+use std::sync::OnceLock;
+
 use gputel_proto::GpuSample;
+
+/// How the process's allocator hands the memory it has freed back to the
+/// kernel at once; set by the binary, which chose the allocator.
+static RETURN_FREED: OnceLock<fn()> = OnceLock::new();
+
+/// Tells [`return_freed_memory`] how to hand freed memory back to the
+/// kernel; the first call counts.
+pub fn set_return_freed(return_freed: fn()) {
+    let _ = RETURN_FREED.set(return_freed);
+}
+
+/// Hands the memory freed so far back to the kernel now, not when the
+/// allocator would (jemalloc: about a second after it was freed). For work
+/// that frees a lot at once and then allocates as much again, such as
+/// compaction's ranges: without it the freed pages of the ranges before
+/// stay resident beside the next one. Does nothing unless the binary set
+/// [`set_return_freed`].
+pub fn return_freed_memory() {
+    if let Some(return_freed) = RETURN_FREED.get() {
+        return_freed();
+    }
+}
 
 /// The budget when none is given.
 pub const DEFAULT_BUDGET_BYTES: u64 = 1 << 30;

@@ -975,10 +975,22 @@ async fn an_hour_too_large_to_sort_at_once_loses_every_duplicate() {
         max_file_rows: 1300,
         ..CompactOptions::default()
     };
+    // Each range's freed memory is handed back before the next is loaded
+    // (other tests of this file may compact meanwhile: at least once a range).
+    static RETURNED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    gputel_collector::memory::set_return_freed(|| {
+        RETURNED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    });
+    let returned_before = RETURNED.load(std::sync::atomic::Ordering::SeqCst);
     let mut lease = lease(&store).await;
     let report = compact::compact(&store, NOW + 7_200_000_000, &options, &mut lease)
         .await
         .expect("compaction");
+    let returned = RETURNED.load(std::sync::atomic::Ordering::SeqCst) - returned_before;
+    assert!(
+        returned >= 6,
+        "freed memory handed back {returned} times for 6 ranges"
+    );
     assert_eq!(
         (report.hours, report.files_in, report.rows, report.files_out),
         (1, 3, 3600, 3)

@@ -40,6 +40,7 @@ use parquet::errors::ParquetError;
 use tracing::{info, warn};
 use twox_hash::XxHash64;
 
+use crate::memory::return_freed_memory;
 use crate::persist::{
     MAX_COMPACTED_FILE_ROWS, MAX_MERGE_ROWS, PersistError, compacted_properties, off_runtime,
     put_file, write_in_order,
@@ -598,6 +599,8 @@ async fn compact_hour(
             outputs = off_runtime(move || {
                 let batches = rows.load(table)?;
                 outputs.merge(index, batches)?;
+                // The range's rows are freed; the next range takes as much.
+                return_freed_memory();
                 Ok::<_, CompactError>(outputs)
             })
             .await?;
