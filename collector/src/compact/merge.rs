@@ -235,12 +235,13 @@ pub(super) fn decode(
         // The table's own schema (with its field metadata), the columns not
         // read null.
         let mut decoded = batch.columns().iter();
+        let mut nulls = SharedNulls::new(batch.num_rows());
         let columns = expected
             .fields()
             .iter()
             .zip(&null)
             .map(|(field, &null)| match null {
-                true => arrow_array::new_null_array(field.data_type(), batch.num_rows()),
+                true => nulls.of(field.data_type()),
                 false => Arc::clone(decoded.next().expect("a column per one read")),
             })
             .collect();
@@ -506,14 +507,13 @@ impl BucketRows {
         for batch in reader {
             let batch = batch.map_err(err)?;
             let mut spilled = batch.columns().iter();
+            let mut nulls = SharedNulls::new(batch.num_rows());
             let columns = schema
                 .fields()
                 .iter()
                 .zip(null.iter())
                 .map(|(f, &null)| match (null, f.data_type()) {
-                    (true, data_type) => {
-                        Ok(arrow_array::new_null_array(data_type, batch.num_rows()))
-                    }
+                    (true, data_type) => Ok(nulls.of(data_type)),
                     (false, DataType::Dictionary(_, _)) => {
                         dictionary_of(spilled.next().expect("a column per one spilled").as_ref())
                     }
@@ -703,14 +703,47 @@ fn concat_columns(schema: SchemaRef, batches: Vec<RecordBatch>) -> Result<Record
             parts[i].push(Arc::clone(column));
         }
     }
+    let rows = parts.first().map_or(0, |c| c.iter().map(|a| a.len()).sum());
+    let mut nulls = SharedNulls::new(rows);
     let columns = parts
         .into_iter()
-        .map(|column| {
+        .zip(schema.fields())
+        .map(|(column, field)| {
+            if column.iter().all(|a| a.null_count() == a.len()) {
+                return Ok(nulls.of(field.data_type()));
+            }
             let refs: Vec<&dyn Array> = column.iter().map(|a| a.as_ref()).collect();
             arrow_select::concat::concat(&refs)
         })
         .collect::<Result<Vec<_>, _>>()?;
     RecordBatch::try_new(schema, columns)
+}
+
+/// Columns of one length that hold no value, one array per data type,
+/// shared by every such column of that type: most of a sparse table's
+/// columns are null in every row, and each would otherwise cost its full
+/// width for every row of a bucket.
+struct SharedNulls {
+    len: usize,
+    arrays: Vec<(DataType, ArrayRef)>,
+}
+
+impl SharedNulls {
+    fn new(len: usize) -> Self {
+        Self {
+            len,
+            arrays: Vec::new(),
+        }
+    }
+
+    fn of(&mut self, data_type: &DataType) -> ArrayRef {
+        if let Some((_, array)) = self.arrays.iter().find(|(t, _)| t == data_type) {
+            return Arc::clone(array);
+        }
+        let array = arrow_array::new_null_array(data_type, self.len);
+        self.arrays.push((data_type.clone(), Arc::clone(&array)));
+        array
+    }
 }
 
 /// Rows a merge left out because another row had their key.
@@ -1029,6 +1062,47 @@ mod tests {
             ]
         );
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    /// A bucket's columns that none of its rows holds a value of are one
+    /// array per data type, shared, null in every row: a sparse table's
+    /// bucket costs the width of the columns with values. A column with
+    /// values in some parts only is concatenated as it was.
+    #[test]
+    fn columns_without_a_value_share_one_array_per_type() {
+        let batch = |samples: &[GpuSample]| {
+            let mut rows = GpuRows::default();
+            for sample in samples {
+                rows.push("n1", sample);
+            }
+            RecordBatch::try_new(Table::Gpu.schema(), rows.finish()).unwrap()
+        };
+        let parts = vec![
+            batch(&[gpu(0, T0, None, 40), gpu(0, T0 + S, None, 41)]),
+            batch(&[gpu(0, T0, Some(1), 42)]),
+        ];
+        let all = concat_columns(Table::Gpu.schema(), parts).unwrap();
+        let column = |name: &str| all.column_by_name(name).unwrap();
+        for name in ["power_mw", "power_limit_mw", "power_avg_mw"] {
+            assert_eq!(column(name).data_type(), &DataType::Int64);
+            assert_eq!((column(name).len(), column(name).null_count()), (3, 3));
+        }
+        assert!(Arc::ptr_eq(column("power_mw"), column("power_limit_mw")));
+        assert!(Arc::ptr_eq(column("power_mw"), column("power_avg_mw")));
+        // Another type, another array.
+        let active = column("sm_active_pct");
+        assert_eq!(
+            (active.data_type(), active.null_count()),
+            (&DataType::Float32, 3)
+        );
+        assert!(!Arc::ptr_eq(column("power_mw"), active));
+        let instance = column("gpu_instance_id").as_primitive::<Int32Type>();
+        assert_eq!(instance.iter().collect::<Vec<_>>(), [None, None, Some(1)]);
+        let temperature = column("temperature_c").as_primitive::<Int32Type>();
+        assert_eq!(
+            temperature.iter().collect::<Vec<_>>(),
+            [Some(40), Some(41), Some(42)]
+        );
     }
 
     /// Buckets written one after the other make files sorted from their
