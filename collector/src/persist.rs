@@ -7,7 +7,7 @@ use arrow_array::{RecordBatch, UInt32Array};
 use arrow_schema::{ArrowError, DataType, FieldRef, Schema};
 use arrow_select::take::{take, take_record_batch};
 use bytes::Bytes;
-use gputel_schemas::{PartitionPath, Table};
+use gputel_schemas::{PartitionPath, SharedNulls, Table};
 
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
@@ -315,6 +315,9 @@ pub(crate) fn encode_in_order<E>(
         .and_then(ArrowWriter::into_serialized_writer)
         .map_err(&write_error)?;
     let props = Arc::clone(file.properties());
+    // A column without a value is written from one all-null slice per
+    // type, not taken row by row.
+    let mut nulls = SharedNulls::default();
     let mut group_start = 0;
     while group_start < indices.len() {
         let group = indices.slice(group_start, group_rows.min(indices.len() - group_start));
@@ -325,8 +328,11 @@ pub(crate) fn encode_in_order<E>(
             let mut start = 0;
             while start < group.len() {
                 let len = ENCODE_SLICE_ROWS.min(group.len() - start);
-                let rows =
-                    take(column.as_ref(), &group.slice(start, len), None).map_err(&take_error)?;
+                let rows = if column.null_count() == column.len() {
+                    nulls.of(field.data_type(), len)
+                } else {
+                    take(column.as_ref(), &group.slice(start, len), None).map_err(&take_error)?
+                };
                 let leaves = compute_leaves(field, &rows).map_err(&write_error)?;
                 debug_assert_eq!(leaves.len(), writers.len(), "a writer per leaf");
                 for (writer, leaf) in writers.iter_mut().zip(&leaves) {

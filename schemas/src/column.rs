@@ -149,6 +149,38 @@ pub trait ColumnKind {
     fn put(builder: &mut Self::Builder, v: Self::Value<'_>);
     /// The values appended so far, as an array; the builder starts over.
     fn finish(builder: &mut Self::Builder) -> ArrayRef;
+    /// The same, but a column that holds no value is taken from `nulls`,
+    /// shared with the table's other such columns of its type.
+    fn finish_sharing(builder: &mut Self::Builder, nulls: &mut SharedNulls) -> ArrayRef {
+        let _ = nulls;
+        Self::finish(builder)
+    }
+}
+
+/// Columns that hold no value, one array per data type and length, shared
+/// by every such column: most of a sparse table's columns are null in every
+/// row (the MIG columns outside MIG mode, a pod's on a Slurm node), and each
+/// would otherwise cost its full width for every row.
+#[derive(Debug, Default)]
+pub struct SharedNulls {
+    arrays: Vec<ArrayRef>,
+}
+
+impl SharedNulls {
+    /// An array of `len` nulls of `data_type`, the same one for every call
+    /// with that type and length.
+    pub fn of(&mut self, data_type: &DataType, len: usize) -> ArrayRef {
+        if let Some(array) = self
+            .arrays
+            .iter()
+            .find(|a| a.data_type() == data_type && a.len() == len)
+        {
+            return Arc::clone(array);
+        }
+        let array = new_null_array(data_type, len);
+        self.arrays.push(Arc::clone(&array));
+        array
+    }
 }
 
 /// Arrow's type for every timestamp: microseconds, UTC, which DuckDB reads as
@@ -286,6 +318,9 @@ impl ColumnKind for OptLabel {
     }
     fn finish(builder: &mut Lazy<Dictionary>) -> ArrayRef {
         builder.finish(&dictionary_type())
+    }
+    fn finish_sharing(builder: &mut Lazy<Dictionary>, nulls: &mut SharedNulls) -> ArrayRef {
+        builder.finish_sharing(&dictionary_type(), nulls)
     }
 }
 
@@ -518,10 +553,15 @@ impl<B: DeferredBuilder> Lazy<B> {
     /// The rows appended so far as an array of `data_type` (all null if no
     /// value came); starts over with no builder.
     pub fn finish(&mut self, data_type: &DataType) -> ArrayRef {
+        self.finish_sharing(data_type, &mut SharedNulls::default())
+    }
+
+    /// The same, an all-null array taken from `shared`.
+    pub fn finish_sharing(&mut self, data_type: &DataType, shared: &mut SharedNulls) -> ArrayRef {
         let nulls = std::mem::take(&mut self.nulls);
         match self.values.take() {
             Some(mut values) => values.finish(),
-            None => new_null_array(data_type, nulls),
+            None => shared.of(data_type, nulls),
         }
     }
 }
@@ -579,6 +619,9 @@ macro_rules! number_kind {
             }
             fn finish(builder: &mut Lazy<$builder>) -> ArrayRef {
                 builder.finish(&$data_type)
+            }
+            fn finish_sharing(builder: &mut Lazy<$builder>, nulls: &mut SharedNulls) -> ArrayRef {
+                builder.finish_sharing(&$data_type, nulls)
             }
         }
     };
@@ -735,6 +778,9 @@ impl ColumnKind for OptProfilingSourceName {
     fn finish(builder: &mut Lazy<Dictionary>) -> ArrayRef {
         builder.finish(&dictionary_type())
     }
+    fn finish_sharing(builder: &mut Lazy<Dictionary>, nulls: &mut SharedNulls) -> ArrayRef {
+        builder.finish_sharing(&dictionary_type(), nulls)
+    }
 }
 
 /// Whether bit `mask` is set in an optional bitmask: the throttle columns
@@ -769,6 +815,39 @@ mod tests {
         let array = OptLabel::finish(&mut b);
         assert_eq!(array.data_type(), &dictionary_type());
         assert_eq!((array.len(), array.null_count()), (2, 2));
+    }
+
+    #[test]
+    fn columns_without_a_value_share_one_array_of_their_type_and_length() {
+        let mut nulls = SharedNulls::default();
+        let (mut a, mut b, mut c, mut label) = (
+            OptU64::builder(8),
+            OptU32Wide::builder(8),
+            OptU64::builder(8),
+            OptLabel::builder(8),
+        );
+        for _ in 0..3 {
+            OptU64::put(&mut a, None);
+            OptU32Wide::put(&mut b, None);
+            OptU64::put(&mut c, Some(5));
+            OptLabel::put(&mut label, None);
+        }
+        let a = OptU64::finish_sharing(&mut a, &mut nulls);
+        let b = OptU32Wide::finish_sharing(&mut b, &mut nulls);
+        let c = OptU64::finish_sharing(&mut c, &mut nulls);
+        let label = OptLabel::finish_sharing(&mut label, &mut nulls);
+        // Both Int64 and null in every row: one array.
+        assert!(Arc::ptr_eq(&a, &b));
+        assert_eq!((a.len(), a.null_count()), (3, 3));
+        // A column with values is its own.
+        assert_eq!(c.as_primitive::<Int64Type>().values(), &[5, 5, 5]);
+        // Another type, another array.
+        assert_eq!(label.data_type(), &dictionary_type());
+        assert_eq!((label.len(), label.null_count()), (3, 3));
+        // Another length, another array.
+        let short = nulls.of(&DataType::Int64, 2);
+        assert_eq!((short.len(), short.null_count()), (2, 2));
+        assert!(Arc::ptr_eq(&nulls.of(&DataType::Int64, 3), &a));
     }
 
     #[test]

@@ -24,7 +24,7 @@ pub mod sql;
 mod tables;
 pub mod xid;
 
-pub use column::{ColumnError, RowContext};
+pub use column::{ColumnError, RowContext, SharedNulls};
 pub use partition::{PartitionError, PartitionKey, PartitionPath};
 pub use scheduler_job::{JobTracePath, Month, scheduler_job_schema};
 pub use tables::{

@@ -11,7 +11,7 @@ use gputel_proto::{
 use crate::column::{
     ColumnError, ColumnKind, EventKindName, EventScope, I64, Label, LabelList, LabelMap, OptBool,
     OptF64, OptLabel, OptNonNegF32, OptNonNegF64, OptProfilingSourceName, OptU32, OptU32Wide,
-    OptU64, OtherTimestamp, RowContext, Text, Timestamp, U32, U64, flag,
+    OptU64, OtherTimestamp, RowContext, SharedNulls, Text, Timestamp, U32, U64, flag,
 };
 
 /// Column names shared by several tables.
@@ -192,8 +192,10 @@ macro_rules! table {
             }
 
             /// The rows appended so far, as columns in schema order; starts over.
+            /// Columns without a value share one all-null array per type.
             pub fn finish(&mut self) -> Vec<ArrayRef> {
-                vec![$(<$kind as ColumnKind>::finish(&mut self.$col),)*]
+                let mut nulls = SharedNulls::default();
+                vec![$(<$kind as ColumnKind>::finish_sharing(&mut self.$col, &mut nulls),)*]
             }
         }
     };

@@ -26,7 +26,7 @@ use arrow_ipc::writer::{
 use arrow_ord::ord::{DynComparator, make_comparator};
 use arrow_schema::{DataType, Schema, SchemaRef, SortOptions};
 use arrow_select::take::{take, take_record_batch};
-use gputel_schemas::RowKey;
+use gputel_schemas::{RowKey, SharedNulls};
 use parquet::arrow::{ArrowWriter, ProjectionMask};
 
 use super::*;
@@ -235,13 +235,13 @@ pub(super) fn decode(
         // The table's own schema (with its field metadata), the columns not
         // read null.
         let mut decoded = batch.columns().iter();
-        let mut nulls = SharedNulls::new(batch.num_rows());
+        let mut nulls = SharedNulls::default();
         let columns = expected
             .fields()
             .iter()
             .zip(&null)
             .map(|(field, &null)| match null {
-                true => nulls.of(field.data_type()),
+                true => nulls.of(field.data_type(), batch.num_rows()),
                 false => Arc::clone(decoded.next().expect("a column per one read")),
             })
             .collect();
@@ -507,13 +507,13 @@ impl BucketRows {
         for batch in reader {
             let batch = batch.map_err(err)?;
             let mut spilled = batch.columns().iter();
-            let mut nulls = SharedNulls::new(batch.num_rows());
+            let mut nulls = SharedNulls::default();
             let columns = schema
                 .fields()
                 .iter()
                 .zip(null.iter())
                 .map(|(f, &null)| match (null, f.data_type()) {
-                    (true, data_type) => Ok(nulls.of(data_type)),
+                    (true, data_type) => Ok(nulls.of(data_type, batch.num_rows())),
                     (false, DataType::Dictionary(_, _)) => {
                         dictionary_of(spilled.next().expect("a column per one spilled").as_ref())
                     }
@@ -704,46 +704,19 @@ fn concat_columns(schema: SchemaRef, batches: Vec<RecordBatch>) -> Result<Record
         }
     }
     let rows = parts.first().map_or(0, |c| c.iter().map(|a| a.len()).sum());
-    let mut nulls = SharedNulls::new(rows);
+    let mut nulls = SharedNulls::default();
     let columns = parts
         .into_iter()
         .zip(schema.fields())
         .map(|(column, field)| {
             if column.iter().all(|a| a.null_count() == a.len()) {
-                return Ok(nulls.of(field.data_type()));
+                return Ok(nulls.of(field.data_type(), rows));
             }
             let refs: Vec<&dyn Array> = column.iter().map(|a| a.as_ref()).collect();
             arrow_select::concat::concat(&refs)
         })
         .collect::<Result<Vec<_>, _>>()?;
     RecordBatch::try_new(schema, columns)
-}
-
-/// Columns of one length that hold no value, one array per data type,
-/// shared by every such column of that type: most of a sparse table's
-/// columns are null in every row, and each would otherwise cost its full
-/// width for every row of a bucket.
-struct SharedNulls {
-    len: usize,
-    arrays: Vec<(DataType, ArrayRef)>,
-}
-
-impl SharedNulls {
-    fn new(len: usize) -> Self {
-        Self {
-            len,
-            arrays: Vec::new(),
-        }
-    }
-
-    fn of(&mut self, data_type: &DataType) -> ArrayRef {
-        if let Some((_, array)) = self.arrays.iter().find(|(t, _)| t == data_type) {
-            return Arc::clone(array);
-        }
-        let array = arrow_array::new_null_array(data_type, self.len);
-        self.arrays.push((data_type.clone(), Arc::clone(&array)));
-        array
-    }
 }
 
 /// Rows a merge left out because another row had their key.
