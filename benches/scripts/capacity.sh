@@ -17,6 +17,10 @@
 #
 #   benches/scripts/capacity.sh [AGENTS] [SECONDS] [HOUR_NODES...]   # default 2000 120 200 1000
 #   benches/scripts/capacity.sh 0 0 1000                             # compaction only
+#
+# HOUR_VALUES=every-field compacts hours whose rows hold every field a real
+# H100 node reports (`gputel-loadgen --every-field`) instead of the load
+# generator's default rows; HOUR_VALUES=noise, random noise.
 cd "$(dirname "$0")/../.."
 source benches/scripts/common.sh
 
@@ -46,7 +50,7 @@ if ((agents > 0)); then
 fi
 
 for nodes in "${hour_nodes[@]}"; do
-  hour_store "$nodes" 360
+  hour_store "$nodes" 360 "${HOUR_VALUES:-realistic}"
   rm -rf "$dir/hour"
   cp -r "$flushed" "$dir/hour"
   say "compacting one hour of $nodes nodes ($(du -sh "$dir/hour" | cut -f1) flushed)"

@@ -122,11 +122,13 @@ store_done() {
 # flushes make of an hour: 360), as flushed (not compacted: a fresh hour's
 # many files) in target/bench-query/NODESx1s-hour-FILES/flushed and
 # compacted in .../compacted; VALUES is gputel-loadgen's --values
-# (default realistic; other values add -VALUES to the directory). Sets
-# $flushed and $compacted.
+# (default realistic; other values add -VALUES to the directory), or
+# every-field for its realistic values with every field a real H100 node
+# reports (`--every-field`). Sets $flushed and $compacted.
 hour_store() {
   local nodes=$1 files=$2 values=${3:-realistic}
-  local base
+  local base values_flags=(--values "$values")
+  [[ $values != every-field ]] || values_flags=(--every-field)
   base="$(pwd)/target/bench-query/${nodes}x1s-hour-${files}"
   [[ $values == realistic ]] || base+="-$values"
   flushed="$base/flushed"
@@ -140,7 +142,7 @@ hour_store() {
       --flush-interval 1h --compact-interval 0
     say "writing an hour (3600 ticks of 1 s) of $nodes nodes through the collector"
     "$LOADGEN" --collector "http://127.0.0.1:$COLLECTOR_PORT" --agents "$nodes" --gpus 8 \
-      --ticks 3600 --interval-ms 1000 --start-ts 2024-06-12T12:00:00Z --values "$values" \
+      --ticks 3600 --interval-ms 1000 --start-ts 2024-06-12T12:00:00Z "${values_flags[@]}" \
       >"$base/loadgen.out" 2>"$base/loadgen.log" \
       || die "gputel-loadgen failed: $(tail -5 "$base/loadgen.log")"
     stop_collector
