@@ -13,6 +13,13 @@
 # which part of its memory follows the buffered rows. LOADGEN_FLAGS go to
 # the load generator, e.g. LOADGEN_FLAGS=--every-field for rows with every
 # field a real H100 node reports.
+#
+# SEED_HOUR_NODES=N puts a closed hour of N nodes as a serving collector
+# flushes it (360 files a table, `hour_store`) in the store before the
+# collector starts, so that a compaction round runs during the load: give
+# the collector a --compact-interval shorter than SECONDS, e.g.
+#
+#   SEED_HOUR_NODES=1000 benches/scripts/collector-rss.sh 1000 150 --compact-interval 30s
 cd "$(dirname "$0")/../.."
 source benches/scripts/common.sh
 
@@ -24,6 +31,12 @@ dir=$(mktemp -d)
 trap 'set +e; pkill -P "${COLLECTOR_PID:-0}"; rm -rf "$dir"; true' EXIT
 
 machine
+if [[ -n ${SEED_HOUR_NODES:-} ]]; then
+  hour_store "$SEED_HOUR_NODES" 360
+  mkdir -p "$dir/store"
+  cp -r "$flushed"/. "$dir/store/"
+  say "the store holds a closed hour of $SEED_HOUR_NODES nodes ($(du -sh "$dir/store" | cut -f1) flushed) for compaction"
+fi
 start_collector "$dir" "$@"
 # The collector itself: /usr/bin/time's child.
 pid=$(pgrep -P "$COLLECTOR_PID" | head -1)
@@ -49,11 +62,18 @@ printf 'load average at the end of the load: %s\n' "$LOAD_AT_END"
 printf 'collector: %s CPU s for %s values: %s CPU s per million values, %s M values per CPU s\n' \
   "$cpu" "$values" "$(awk -v c="$cpu" -v v="$values" 'BEGIN { printf "%.3f", c / v * 1e6 }')" \
   "$(awk -v c="$cpu" -v v="$values" 'BEGIN { printf "%.2f", v / c / 1e6 }')"
-printf 'collector peak RSS (time -v): %s MB\n' "$(tv_rss_mb "$dir/collector.time")"
+printf 'collector peak RSS (time -v): %s MB; user %s s, system %s s\n' "$(tv_rss_mb "$dir/collector.time")" \
+  "$(tv "$dir/collector.time" "User time (seconds)")" "$(tv "$dir/collector.time" "System time (seconds)")"
 sort -n "$dir/rss.txt" | awk '{ r[NR] = $1 } END {
   printf "collector RSS sampled every second (%d samples): median %.1f MB, p90 %.1f MB, max %.1f MB\n",
     NR, r[int((NR + 1) / 2)] * 1024 / 1e6, r[int(NR * 0.9 + 0.5)] * 1024 / 1e6, r[NR] * 1024 / 1e6 }'
 printf 'load generator: %s CPU s\n' "$(tv_cpu "$dir/loadgen.time")"
 echo "files per table (the run's hours, before compaction):"
-find "$dir/store" -name '*.parquet' | sed -E 's|.*/store/([a-z_]+)/.*|\1|' | sort | uniq -c \
-  | awk '{ printf "  %-12s %s files\n", $2, $1 }'
+find "$dir/store" -name '*.parquet' -not -path '*/date=2024-06-12/*' \
+  | sed -E 's|.*/store/([a-z_]+)/.*|\1|' | sort | uniq -c | awk '{ printf "  %-12s %s files\n", $2, $1 }'
+if [[ -n ${SEED_HOUR_NODES:-} ]]; then
+  echo "the seeded hour's files after the run (compacted: a few a table):"
+  find "$dir/store" -name '*.parquet' -path '*/date=2024-06-12/*' | sed -E 's|.*/store/([a-z_]+)/.*|\1|' \
+    | sort | uniq -c | awk '{ printf "  %-12s %s files\n", $2, $1 }'
+  grep -iE 'compact' "$dir/collector.log" | tail -5 || true
+fi

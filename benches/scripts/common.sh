@@ -69,7 +69,8 @@ machine() {
 }
 
 # Starts a collector on a free port with store and WAL under $1, extra flags
-# after it; sets COLLECTOR_PID, COLLECTOR_PORT and COLLECTOR_TIME (its
+# after it (its log at COLLECTOR_LOG, default warn); sets COLLECTOR_PID,
+# COLLECTOR_PORT and COLLECTOR_TIME (its
 # `/usr/bin/time -v` report, written when it exits).
 start_collector() {
   local dir=$1
@@ -78,7 +79,7 @@ start_collector() {
   COLLECTOR_TIME="$dir/collector.time"
   mkdir -p "$dir"
   /usr/bin/time -v -o "$COLLECTOR_TIME" "$COLLECTOR" --listen "127.0.0.1:$COLLECTOR_PORT" \
-    --store "$dir/store" --wal-dir "$dir/wal" --plaintext --log warn "$@" \
+    --store "$dir/store" --wal-dir "$dir/wal" --plaintext --log "${COLLECTOR_LOG:-warn}" "$@" \
     2>"$dir/collector.log" &
   COLLECTOR_PID=$!
   wait_port "$COLLECTOR_PORT"

@@ -1052,6 +1052,51 @@ async fn an_hour_too_large_to_sort_at_once_loses_every_duplicate() {
         .map(|d| d.map(|e| e.expect("entry").path()).collect())
         .unwrap_or_default();
     assert!(left.is_empty(), "left in {}: {left:?}", staging.display());
+
+    // The next round leaves the hour of three compacted files as it is.
+    let listing = || {
+        use std::os::unix::fs::MetadataExt;
+        let mut entries: Vec<(String, u64)> = std::fs::read_dir(&hour_dir)
+            .expect("hour")
+            .map(|e| {
+                let e = e.expect("entry");
+                let name = e.file_name().to_string_lossy().into_owned();
+                (name, e.metadata().expect("stat").ino())
+            })
+            .collect();
+        entries.sort();
+        entries
+    };
+    let compacted = listing();
+    let again = compact::compact(&store, NOW + 7_200_000_000, &options, &mut lease)
+        .await
+        .expect("compaction");
+    assert_eq!((again.hours, again.files_in, again.rows), (0, 0, 0));
+    assert_eq!(listing(), compacted);
+
+    // A file flushed into it later merges it again, with its compacted files.
+    let (_, key, rows) = gpu_rows(100..101, 70);
+    let path = PartitionPath::new(Table::Gpu, key, "d4-0000000000000001").expect("stem");
+    write_file(&store, &path, &rows).await.expect("write");
+    let late = compact::compact(&store, NOW + 7_200_000_000, &options, &mut lease)
+        .await
+        .expect("compaction");
+    assert_eq!(
+        (
+            late.hours,
+            late.files_in,
+            late.rows,
+            late.duplicates,
+            late.files_out
+        ),
+        (1, 4, 2160 + 12, 12, 2)
+    );
+    // The census counts 362 rows a node now: three nodes a file.
+    assert_eq!(rows_in(dir.path(), "gpu", "hour=06"), (2, 2160));
+    let again = compact::compact(&store, NOW + 7_200_000_000, &options, &mut lease)
+        .await
+        .expect("compaction");
+    assert_eq!((again.hours, again.files_in), (0, 0));
 }
 
 /// The `node` column of a batch, as text.

@@ -405,6 +405,20 @@ pub async fn compact(
     Ok(report)
 }
 
+/// Whether an hour's files are the output of one merge: an hour of more
+/// rows than a file holds ([`CompactOptions::max_file_rows`]) is compacted
+/// into several files, and merging them again would only write them again,
+/// every round, for every such hour the store keeps. Each file is a merge's
+/// output and none is marked as merged into another (what a publish cut
+/// short leaves on an object store, which the merge then deletes); a file
+/// flushed into the hour later is not an output, so the hour is merged again.
+fn already_compacted(files: &[(PartitionPath, u64)], names: &HashSet<String>) -> bool {
+    files.iter().all(|(path, _)| {
+        path.stem().starts_with(COMPACTED_PREFIX)
+            && !names.contains(&format!("{}.{MARKER_EXTENSION}", path.stem()))
+    })
+}
+
 /// Whether a volume with `free` of `total` bytes has room to merge an hour
 /// of `hour_bytes`: about twice them, beside the free space the log keeps
 /// by default ([`crate::wal::default_min_free_bytes`]).
@@ -453,7 +467,7 @@ async fn compact_hour(
             (!unreleased(path.stem(), &options.unreleased_of)).then_some((path, meta.size))
         })
         .collect();
-    if files.len() < 2 {
+    if files.len() < 2 || already_compacted(&files, &names) {
         return Ok(());
     }
     files.sort_by(|a, b| a.0.stem().cmp(b.0.stem()));
