@@ -241,11 +241,13 @@ fn sort_indices(table: Table, batch: &RecordBatch) -> Result<UInt32Array, ArrowE
 }
 
 /// Rows taken at a time while a file is encoded in sorted order.
-const ENCODE_SLICE_ROWS: usize = 8192;
+pub(crate) const ENCODE_SLICE_ROWS: usize = 8192;
 
-/// Writes `batch`'s rows in the order of `indices`, taking
-/// [`ENCODE_SLICE_ROWS`] at a time: the Parquet writer keeps only encoded
-/// pages, so the reordered rows are never held whole beside `batch`.
+/// Writes `batch`'s rows in the order of `indices` through parquet's
+/// `ArrowWriter`, taking [`ENCODE_SLICE_ROWS`] at a time: the file that
+/// [`encode_in_order`] and compaction's writer make a column at a time,
+/// which the tests compare them with.
+#[cfg(test)]
 pub(crate) fn write_in_order<W: std::io::Write + Send, E>(
     writer: &mut ArrowWriter<W>,
     batch: &RecordBatch,
@@ -359,7 +361,7 @@ pub(crate) fn encode_in_order<E>(
 /// The column writers (one per leaf) of one column of a file with `props`:
 /// parquet makes a row group's writers all at once, each with its
 /// compressor, so they are made here from a schema of that column alone.
-fn column_writers(
+pub(crate) fn column_writers(
     field: &FieldRef,
     props: &WriterPropertiesPtr,
     row_group: usize,

@@ -27,7 +27,12 @@ use arrow_ord::ord::{DynComparator, make_comparator};
 use arrow_schema::{DataType, Schema, SchemaRef, SortOptions};
 use arrow_select::take::{take, take_record_batch};
 use gputel_schemas::{RowKey, SharedNulls};
+use parquet::arrow::arrow_writer::compute_leaves;
 use parquet::arrow::{ArrowWriter, ProjectionMask};
+use parquet::file::properties::{WriterProperties, WriterPropertiesPtr};
+use parquet::file::writer::SerializedFileWriter;
+
+use crate::persist::{ENCODE_SLICE_ROWS, column_writers};
 
 use super::*;
 
@@ -556,7 +561,9 @@ pub(super) struct Outputs {
     file_of: Vec<usize>,
     file_rows: Vec<usize>,
     names: Vec<String>,
-    current: Option<(usize, ArrowWriter<BufWriter<File>>)>,
+    /// Where the file being written keeps its row group's columns.
+    spill_dir: PathBuf,
+    current: Option<(usize, ColumnarFile)>,
     pub done: Vec<Output>,
     pub duplicates: Duplicates,
 }
@@ -570,6 +577,7 @@ impl Outputs {
     pub fn new(
         table: Table,
         dir: &Path,
+        spill_dir: &Path,
         hour: &str,
         stems: &[String],
         buckets: &Buckets,
@@ -606,6 +614,7 @@ impl Outputs {
             file_of,
             file_rows,
             names,
+            spill_dir: spill_dir.to_owned(),
             current: None,
             done: Vec::new(),
             duplicates: Duplicates::default(),
@@ -640,22 +649,14 @@ impl Outputs {
         let file = self.file_of[bucket];
         if self.current.as_ref().is_none_or(|(f, _)| *f != file) {
             self.close()?;
-            let created = File::create(self.path(file))
-                .map_err(|e| self.encode_err(file, ParquetError::External(Box::new(e))))?;
             let props = compacted_properties(self.table, self.file_rows[file]);
-            let writer =
-                ArrowWriter::try_new(BufWriter::new(created), self.table.schema(), Some(props))
-                    .map_err(|e| self.encode_err(file, e))?;
+            let writer = ColumnarFile::create(&self.path(file), self.table, props, &self.spill_dir)
+                .map_err(|e| self.encode_err(file, e))?;
             self.current = Some((file, writer));
         }
-        let path = self.path(file).display().to_string();
         let (_, writer) = self.current.as_mut().expect("opened above");
-        write_in_order(writer, &all, &keep, merge_err, |source| {
-            CompactError::Persist(PersistError::Encode {
-                path: path.clone(),
-                source,
-            })
-        })
+        let appended = writer.append(&all, &keep);
+        appended.map_err(|e| self.encode_err(file, e))
     }
 
     /// Ends the file being written: its footer, flushed and synced.
@@ -665,7 +666,7 @@ impl Outputs {
         };
         let path = self.path(file);
         writer.finish().map_err(|e| self.encode_err(file, e))?;
-        let sink = writer.inner_mut();
+        let sink = writer.file.inner_mut();
         sink.flush()
             .and_then(|()| sink.get_ref().sync_all())
             .map_err(|e| self.encode_err(file, ParquetError::External(Box::new(e))))?;
@@ -685,6 +686,214 @@ impl Outputs {
     pub fn finish(mut self) -> Result<(Vec<Output>, Duplicates), CompactError> {
         self.close()?;
         Ok((self.done, self.duplicates))
+    }
+}
+
+/// A compacted file written a column at a time. A bucket's rows go to
+/// their row group's spill files, one per column (Arrow IPC, zstd level 1,
+/// text instead of dictionaries), [`ENCODE_SLICE_ROWS`] at a time; once the
+/// group has its rows, each column is encoded from its spill file by a
+/// writer of its own, which is closed into the group before the next is
+/// made. Parquet's `ArrowWriter` would keep every column's unfinished page,
+/// encoder and zstd context for as long as the group lasts (up to 1 M rows;
+/// benches/README.md, "Capacity"); the file is the one it makes of the same
+/// rows, byte for byte.
+struct ColumnarFile {
+    file: SerializedFileWriter<BufWriter<File>>,
+    schema: SchemaRef,
+    props: WriterPropertiesPtr,
+    group_rows: usize,
+    /// Rows in the current group's spill files.
+    pending: usize,
+    dir: PathBuf,
+    /// Each column's spill file for the current group, opened by its first rows.
+    columns: Vec<Option<(BufWriter<File>, DictionaryTracker)>>,
+    /// The spill files' schemas: the column alone, a dictionary as text.
+    spilled: Vec<SchemaRef>,
+    context: IpcWriteContext,
+    options: IpcWriteOptions,
+    /// The lengths of the slices the current group's rows are written in.
+    slices: Vec<usize>,
+}
+
+/// An I/O or Arrow error as the Parquet writer's.
+fn external(e: impl std::error::Error + Send + Sync + 'static) -> ParquetError {
+    ParquetError::External(Box::new(e))
+}
+
+impl ColumnarFile {
+    fn create(
+        path: &Path,
+        table: Table,
+        props: WriterProperties,
+        dir: &Path,
+    ) -> Result<Self, ParquetError> {
+        let created = File::create(path).map_err(external)?;
+        let schema = table.schema();
+        let (file, _) =
+            ArrowWriter::try_new(BufWriter::new(created), Arc::clone(&schema), Some(props))?
+                .into_serialized_writer()?;
+        let props = Arc::clone(file.properties());
+        let group_rows = props.max_row_group_row_count().unwrap_or(usize::MAX).max(1);
+        let spilled = schema
+            .fields()
+            .iter()
+            .map(|f| {
+                let field = match f.data_type() {
+                    DataType::Dictionary(_, value) => {
+                        f.as_ref().clone().with_data_type(value.as_ref().clone())
+                    }
+                    _ => f.as_ref().clone(),
+                };
+                Arc::new(Schema::new(vec![field]))
+            })
+            .collect();
+        let options = IpcWriteOptions::default()
+            .try_with_compression(Some(arrow_ipc::CompressionType::ZSTD))
+            .and_then(|o| o.try_with_compression_level(Some(1)))
+            .map_err(external)?;
+        Ok(Self {
+            file,
+            columns: (0..schema.fields().len()).map(|_| None).collect(),
+            schema,
+            props,
+            group_rows,
+            pending: 0,
+            dir: dir.to_owned(),
+            spilled,
+            context: IpcWriteContext::default(),
+            options,
+            slices: Vec::new(),
+        })
+    }
+
+    fn spill_path(&self, column: usize) -> PathBuf {
+        self.dir.join(format!("column-{column}.arrows"))
+    }
+
+    /// Appends `batch`'s rows in the order of `indices`: each column's rows
+    /// of the current row group are one message of its spill file, and the
+    /// group is written once it is whole. The slices the column writers are
+    /// later given are the `ArrowWriter`'s: [`ENCODE_SLICE_ROWS`] from the
+    /// first of `indices`, cut where a row group ends.
+    fn append(&mut self, batch: &RecordBatch, indices: &UInt32Array) -> Result<(), ParquetError> {
+        let mut start = 0;
+        while start < indices.len() {
+            let len = (indices.len() - start).min(self.group_rows - self.pending);
+            let rows = indices.slice(start, len);
+            let mut nulls = SharedNulls::default();
+            for (i, column) in batch.columns().iter().enumerate() {
+                let values = if column.null_count() == column.len() {
+                    nulls.of(column.data_type(), len)
+                } else {
+                    take(column.as_ref(), &rows, None).map_err(external)?
+                };
+                self.spill(i, values).map_err(external)?;
+            }
+            let mut at = start;
+            while at < start + len {
+                let slice_end = (at / ENCODE_SLICE_ROWS + 1) * ENCODE_SLICE_ROWS;
+                let end = slice_end.min(start + len);
+                self.slices.push(end - at);
+                at = end;
+            }
+            self.pending += len;
+            start += len;
+            if self.pending == self.group_rows {
+                self.write_group()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn spill(&mut self, column: usize, values: ArrayRef) -> Result<(), ArrowError> {
+        let values = match values.as_dictionary_opt::<Int32Type>() {
+            Some(dict) => take(dict.values().as_ref(), dict.keys(), None)?,
+            None => values,
+        };
+        let rows = RecordBatch::try_new(Arc::clone(&self.spilled[column]), vec![values])?;
+        let generator = IpcDataGenerator::default();
+        if self.columns[column].is_none() {
+            let mut file = BufWriter::new(File::create(self.spill_path(column))?);
+            let mut tracker = DictionaryTracker::new(false);
+            let schema = generator.schema_to_bytes_with_dictionary_tracker(
+                &self.spilled[column],
+                &mut tracker,
+                &self.options,
+            );
+            write_message(&mut file, schema, &self.options)?;
+            self.columns[column] = Some((file, tracker));
+        }
+        let (file, tracker) = self.columns[column].as_mut().expect("opened above");
+        let (dictionaries, batch) =
+            generator.encode(&rows, tracker, &self.options, &mut self.context)?;
+        for message in dictionaries.into_iter().chain([batch]) {
+            write_message(&mut *file, message, &self.options)?;
+        }
+        Ok(())
+    }
+
+    /// Encodes the current row group from its spill files, a column at a
+    /// time, and deletes them.
+    fn write_group(&mut self) -> Result<(), ParquetError> {
+        let group_index = self.file.flushed_row_groups().len();
+        let mut row_group = self.file.next_row_group()?;
+        for (i, field) in self.schema.fields().iter().enumerate() {
+            let path = self.dir.join(format!("column-{i}.arrows"));
+            let Some((mut spill, _)) = self.columns[i].take() else {
+                return Err(ParquetError::General(format!(
+                    "column {} has no rows for its row group",
+                    field.name()
+                )));
+            };
+            spill
+                .write_all(&[0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0])
+                .and_then(|()| spill.flush())
+                .map_err(external)?;
+            drop(spill);
+            let reader =
+                StreamReader::try_new(BufReader::new(File::open(&path).map_err(external)?), None)
+                    .map_err(external)?;
+            let mut writers = column_writers(field, &self.props, group_index)?;
+            let mut slices = self.slices.iter();
+            for batch in reader {
+                let column = Arc::clone(batch.map_err(external)?.column(0));
+                let mut at = 0;
+                while at < column.len() {
+                    let len = *slices.next().ok_or_else(|| {
+                        ParquetError::General(format!("more rows of {} than spilled", field.name()))
+                    })?;
+                    let slice = column.slice(at, len);
+                    let slice = match field.data_type() {
+                        DataType::Dictionary(_, _) => {
+                            dictionary_of(slice.as_ref()).map_err(external)?
+                        }
+                        _ => slice,
+                    };
+                    let leaves = compute_leaves(field, &slice)?;
+                    for (writer, leaf) in writers.iter_mut().zip(&leaves) {
+                        writer.write(leaf)?;
+                    }
+                    at += len;
+                }
+            }
+            for writer in writers {
+                writer.close()?.append_to_row_group(&mut row_group)?;
+            }
+            std::fs::remove_file(&path).map_err(external)?;
+        }
+        row_group.close()?;
+        self.pending = 0;
+        self.slices.clear();
+        Ok(())
+    }
+
+    /// Writes the last row group and the footer.
+    fn finish(&mut self) -> Result<(), ParquetError> {
+        if self.pending > 0 {
+            self.write_group()?;
+        }
+        self.file.finish().map(|_| ())
     }
 }
 
@@ -1037,6 +1246,64 @@ mod tests {
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 
+    /// A compacted file written a column at a time is the file parquet's
+    /// `ArrowWriter` makes of the same rows in the same order, byte for
+    /// byte: over several row groups, one of them cut inside a slice, with
+    /// dictionaries and nulls. Its column spill files are deleted.
+    #[test]
+    fn a_file_written_a_column_at_a_time_is_the_arrow_writers() {
+        let dir = tempfile::tempdir().unwrap();
+        let spill = tempfile::tempdir().unwrap();
+        // Three buckets of 12 000 rows, in groups of 10 000.
+        let props = crate::persist::compacted_properties(Table::Gpu, 36_000)
+            .into_builder()
+            .set_max_row_group_row_count(Some(10_000))
+            .build();
+        let bucket = |node: &str, temperature: u32| {
+            let mut rows = GpuRows::default();
+            for t in (0..6000).rev() {
+                for g in 0..2 {
+                    let mut sample = gpu(g, T0 + t * S, None, temperature + (t % 13) as u32);
+                    sample.power_mw = (t % 5 != 0).then_some(100_000 + t as u32);
+                    sample.job_id = (t > 3000).then(|| format!("job-{}", t / 1000));
+                    rows.push(node, &sample);
+                }
+            }
+            RecordBatch::try_new(Table::Gpu.schema(), rows.finish()).unwrap()
+        };
+        let path = dir.path().join("c.parquet");
+        let mut columnar =
+            ColumnarFile::create(&path, Table::Gpu, props.clone(), spill.path()).unwrap();
+        let mut reference =
+            ArrowWriter::try_new(Vec::new(), Table::Gpu.schema(), Some(props)).unwrap();
+        for (node, temperature) in [("n1", 40), ("n2", 50), ("n3", 60)] {
+            let rows = bucket(node, temperature);
+            let (keep, _) = sort_unique(Table::Gpu, &rows).unwrap();
+            columnar.append(&rows, &keep).unwrap();
+            crate::persist::write_in_order(&mut reference, &rows, &keep, ParquetError::from, |e| e)
+                .unwrap();
+        }
+        columnar.finish().unwrap();
+        columnar.file.inner_mut().flush().unwrap();
+        drop(columnar);
+        let expected = reference.into_inner().unwrap();
+        let written = std::fs::read(&path).unwrap();
+        assert_eq!(written.len(), expected.len());
+        assert!(written == expected, "the files differ");
+        let reader = ParquetRecordBatchReaderBuilder::try_new(Bytes::from(written)).unwrap();
+        let groups: Vec<i64> = reader
+            .metadata()
+            .row_groups()
+            .iter()
+            .map(|g| g.num_rows())
+            .collect();
+        assert_eq!(groups, [10_000, 10_000, 10_000, 6_000]);
+        let batches: Vec<RecordBatch> = reader.build().unwrap().map(Result::unwrap).collect();
+        let power = batches[0].column_by_name("power_mw").unwrap();
+        assert!(power.null_count() > 0 && power.null_count() < power.len());
+        assert_eq!(std::fs::read_dir(spill.path()).unwrap().count(), 0);
+    }
+
     /// A bucket's columns that none of its rows holds a value of are one
     /// array per data type, shared, null in every row: a sparse table's
     /// bucket costs the width of the columns with values. A column with
@@ -1087,7 +1354,16 @@ mod tests {
         let counts = three_nodes_of(3);
         let buckets = Buckets::plan(&counts, 3);
         let stems = ["a-1".to_owned(), "b-1".to_owned()];
-        let mut outputs = Outputs::new(Table::Gpu, dir.path(), "gpu/h", &stems, &buckets, 6);
+        let spill = tempfile::tempdir().unwrap();
+        let mut outputs = Outputs::new(
+            Table::Gpu,
+            dir.path(),
+            spill.path(),
+            "gpu/h",
+            &stems,
+            &buckets,
+            6,
+        );
         // Each bucket's rows out of order, and one of them twice.
         let first = vec![
             gpu_batch(&[("n1", 2), ("n1", 0)]),
@@ -1106,7 +1382,15 @@ mod tests {
                 differing: 0
             }
         );
-        let again = Outputs::new(Table::Gpu, dir.path(), "gpu/h", &stems, &buckets, 6);
+        let again = Outputs::new(
+            Table::Gpu,
+            dir.path(),
+            spill.path(),
+            "gpu/h",
+            &stems,
+            &buckets,
+            6,
+        );
         let stems_out: Vec<String> = files.iter().map(|f| f.stem.clone()).collect();
         assert_eq!(again.names, stems_out);
         assert_eq!(files.len(), 2);

@@ -43,7 +43,7 @@ use twox_hash::XxHash64;
 use crate::memory::return_freed_memory;
 use crate::persist::{
     MAX_COMPACTED_FILE_ROWS, MAX_MERGE_ROWS, PersistError, compacted_properties, off_runtime,
-    put_file, write_in_order,
+    put_file,
 };
 use crate::store::{self, Store};
 
@@ -580,6 +580,7 @@ async fn compact_hour(
     let mut outputs = Outputs::new(
         table,
         out_dir.path(),
+        spill_dir.path(),
         &hour,
         &stems,
         &buckets,
@@ -620,8 +621,8 @@ async fn compact_hour(
             .await?;
         }
     }
-    drop(spill_dir);
     let (outputs, duplicates) = off_runtime(move || outputs.finish()).await?;
+    drop(spill_dir);
 
     // Each merged file's marker: its hash and the compacted file holding
     // the last of its rows, published last.
