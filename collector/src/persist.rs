@@ -82,10 +82,11 @@ pub const MIN_COMPACTED_ROW_GROUP_ROWS: usize = 100_000;
 /// Most bytes of a compacted file's data page before compression: more
 /// than [`COMPACTED_PAGE_ROWS`] 8-byte values, so rows alone end a page.
 pub const COMPACTED_PAGE_BYTES: usize = 16 << 20;
-/// Rows in a compacted file's data page. The writer holds a page's values
-/// and null flags unencoded until the page ends (about 200 bytes a `gpu`
-/// row), so this bounds its memory: 25 MB. Pages this long compress within
-/// 1 % of one page per column chunk (benches/README.md, "Stored size").
+/// Rows in a compacted file's data page. A column's writer holds its page
+/// unfinished until the page ends (dictionary indices, values, null flags:
+/// up to about 1 MB a column), and compaction writes one column at a time.
+/// Pages this long compress within 1 % of one page per column chunk
+/// (benches/README.md, "Stored size").
 pub const COMPACTED_PAGE_ROWS: usize = 1 << 17;
 /// Most rows compaction sorts in memory at once: a range of nodes (of job
 /// ids for the `job` table) whose rows an hour's files hold at most this

@@ -7,10 +7,12 @@
 //! second sends each row to its bucket ([`Spill`]): kept in memory when the
 //! hour is one bucket, else appended to the bucket's spill file. Then bucket
 //! after bucket, in order, the rows are sorted, kept once per row key and
-//! appended to the compacted files ([`Outputs`]). Each file is sorted by the
-//! table's sort key from its first row to its last, every GPU's hour in one
-//! run, and compaction holds one bucket's rows and the pages being written,
-//! whatever the size of the hour or the fleet.
+//! appended to the compacted files ([`Outputs`]), whose row groups are
+//! spilled a column at a time and encoded a column at a time
+//! ([`ColumnarFile`]). Each file is sorted by the table's sort key from its
+//! first row to its last, every GPU's hour in one run, and compaction holds
+//! one bucket's rows and one column's writer, whatever the size of the hour
+//! or the fleet.
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Write};
