@@ -26,7 +26,7 @@ use arrow_ipc::writer::{
     DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions, write_message,
 };
 use arrow_ord::ord::{DynComparator, make_comparator};
-use arrow_schema::{DataType, Schema, SchemaRef, SortOptions};
+use arrow_schema::{DataType, Field, Schema, SchemaRef, SortOptions};
 use arrow_select::take::{take, take_record_batch};
 use gputel_schemas::{RowKey, SharedNulls};
 use parquet::arrow::arrow_writer::compute_leaves;
@@ -311,6 +311,72 @@ impl Buckets {
     }
 }
 
+/// An Arrow IPC stream spill file being appended to, its schema written
+/// when it was created.
+struct IpcSpill {
+    file: BufWriter<File>,
+    tracker: DictionaryTracker,
+}
+
+impl IpcSpill {
+    fn create(path: &Path, schema: &Schema, options: &IpcWriteOptions) -> Result<Self, ArrowError> {
+        let mut file = BufWriter::new(File::create(path)?);
+        let mut tracker = DictionaryTracker::new(false);
+        let schema = IpcDataGenerator::default().schema_to_bytes_with_dictionary_tracker(
+            schema,
+            &mut tracker,
+            options,
+        );
+        write_message(&mut file, schema, options)?;
+        Ok(Self { file, tracker })
+    }
+
+    fn append(
+        &mut self,
+        rows: &RecordBatch,
+        options: &IpcWriteOptions,
+        context: &mut IpcWriteContext,
+    ) -> Result<(), ArrowError> {
+        let (dictionaries, batch) =
+            IpcDataGenerator::default().encode(rows, &mut self.tracker, options, context)?;
+        for message in dictionaries.into_iter().chain([batch]) {
+            write_message(&mut self.file, message, options)?;
+        }
+        Ok(())
+    }
+
+    /// Ends the stream (a continuation marker and a message of length 0)
+    /// and writes out what is buffered.
+    fn end(mut self) -> std::io::Result<()> {
+        self.file.write_all(&[0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0])?;
+        self.file.flush()
+    }
+}
+
+/// Spill options: zstd level 1.
+fn spill_options() -> Result<IpcWriteOptions, ArrowError> {
+    IpcWriteOptions::default()
+        .try_with_compression(Some(arrow_ipc::CompressionType::ZSTD))?
+        .try_with_compression_level(Some(1))
+}
+
+/// A field as spilled: a dictionary's as its values' type, since each
+/// spilled slice would repeat its whole dictionary.
+fn text_field(f: &Field) -> Field {
+    match f.data_type() {
+        DataType::Dictionary(_, value) => f.clone().with_data_type(value.as_ref().clone()),
+        _ => f.clone(),
+    }
+}
+
+/// A column as spilled: a dictionary's values row by row.
+fn as_text(column: &ArrayRef) -> Result<ArrayRef, ArrowError> {
+    match column.as_dictionary_opt::<Int32Type>() {
+        Some(dict) => take(dict.values().as_ref(), dict.keys(), None),
+        None => Ok(Arc::clone(column)),
+    }
+}
+
 /// An hour's rows on their way to their buckets: in memory when the hour
 /// is one bucket, else appended to one spill file per bucket (an Arrow IPC
 /// stream, zstd level 1), in the order of the files they come from. The
@@ -322,7 +388,7 @@ pub(super) struct Spill {
     buckets: Buckets,
     dir: PathBuf,
     memory: Vec<RecordBatch>,
-    files: Vec<Option<(BufWriter<File>, DictionaryTracker)>>,
+    files: Vec<Option<IpcSpill>>,
     context: IpcWriteContext,
     options: IpcWriteOptions,
     /// The table's columns that no file of the hour holds a value of: not
@@ -363,19 +429,12 @@ impl Spill {
                 .iter()
                 .zip(&null)
                 .filter(|(_, null)| !**null)
-                .map(|(f, _)| match f.data_type() {
-                    DataType::Dictionary(_, value) => {
-                        f.as_ref().clone().with_data_type(value.as_ref().clone())
-                    }
-                    _ => f.as_ref().clone(),
-                })
+                .map(|(f, _)| text_field(f))
                 .collect::<Vec<_>>(),
             schema.metadata().clone(),
         ));
         let files = (0..buckets.len()).map(|_| None).collect();
-        let options = IpcWriteOptions::default()
-            .try_with_compression(Some(arrow_ipc::CompressionType::ZSTD))?
-            .try_with_compression_level(Some(1))?;
+        let options = spill_options()?;
         Ok(Self {
             table,
             key,
@@ -433,32 +492,18 @@ impl Spill {
             .iter()
             .zip(&self.null)
             .filter(|(_, null)| !**null)
-            .map(|(c, _)| match c.as_dictionary_opt::<Int32Type>() {
-                Some(dict) => take(dict.values().as_ref(), dict.keys(), None),
-                None => Ok(Arc::clone(c)),
-            })
+            .map(|(c, _)| as_text(c))
             .collect::<Result<Vec<_>, _>>()?;
         let rows = RecordBatch::try_new(Arc::clone(&self.spilled), columns)?;
-        let generator = IpcDataGenerator::default();
-        if self.files[bucket].is_none() {
-            let path = spill_path(&self.dir, self.table, bucket);
-            let mut file = BufWriter::new(File::create(path)?);
-            let mut tracker = DictionaryTracker::new(false);
-            let schema = generator.schema_to_bytes_with_dictionary_tracker(
+        let file = match &mut self.files[bucket] {
+            Some(file) => file,
+            None => self.files[bucket].insert(IpcSpill::create(
+                &spill_path(&self.dir, self.table, bucket),
                 &self.spilled,
-                &mut tracker,
                 &self.options,
-            );
-            write_message(&mut file, schema, &self.options)?;
-            self.files[bucket] = Some((file, tracker));
-        }
-        let (file, tracker) = self.files[bucket].as_mut().expect("opened above");
-        let (dictionaries, batch) =
-            generator.encode(&rows, tracker, &self.options, &mut self.context)?;
-        for message in dictionaries.into_iter().chain([batch]) {
-            write_message(&mut *file, message, &self.options)?;
-        }
-        Ok(())
+            )?),
+        };
+        file.append(&rows, &self.options, &mut self.context)
     }
 
     /// Each bucket's rows, in bucket order.
@@ -470,15 +515,11 @@ impl Spill {
         let null: Arc<[bool]> = self.null.into();
         for (bucket, file) in self.files.into_iter().enumerate() {
             match file {
-                Some((mut file, _)) => {
-                    // The end of an IPC stream: a continuation marker and a
-                    // message of length 0.
-                    file.write_all(&[0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0])
-                        .and_then(|()| file.flush())
-                        .map_err(|e| CompactError::Spill {
-                            dir: self.dir.clone(),
-                            source: e.into(),
-                        })?;
+                Some(file) => {
+                    file.end().map_err(|e| CompactError::Spill {
+                        dir: self.dir.clone(),
+                        source: e.into(),
+                    })?;
                     out.push(BucketRows::File(
                         spill_path(&self.dir, self.table, bucket),
                         Arc::clone(&null),
@@ -709,13 +750,18 @@ struct ColumnarFile {
     pending: usize,
     dir: PathBuf,
     /// Each column's spill file for the current group, opened by its first rows.
-    columns: Vec<Option<(BufWriter<File>, DictionaryTracker)>>,
+    columns: Vec<Option<IpcSpill>>,
     /// The spill files' schemas: the column alone, a dictionary as text.
     spilled: Vec<SchemaRef>,
     context: IpcWriteContext,
     options: IpcWriteOptions,
     /// The lengths of the slices the current group's rows are written in.
     slices: Vec<usize>,
+}
+
+/// The spill file of a compacted file's column in `dir`.
+fn column_spill_path(dir: &Path, column: usize) -> PathBuf {
+    dir.join(format!("column-{column}.arrows"))
 }
 
 /// An I/O or Arrow error as the Parquet writer's.
@@ -740,20 +786,9 @@ impl ColumnarFile {
         let spilled = schema
             .fields()
             .iter()
-            .map(|f| {
-                let field = match f.data_type() {
-                    DataType::Dictionary(_, value) => {
-                        f.as_ref().clone().with_data_type(value.as_ref().clone())
-                    }
-                    _ => f.as_ref().clone(),
-                };
-                Arc::new(Schema::new(vec![field]))
-            })
+            .map(|f| Arc::new(Schema::new(vec![text_field(f)])))
             .collect();
-        let options = IpcWriteOptions::default()
-            .try_with_compression(Some(arrow_ipc::CompressionType::ZSTD))
-            .and_then(|o| o.try_with_compression_level(Some(1)))
-            .map_err(external)?;
+        let options = spill_options().map_err(external)?;
         Ok(Self {
             file,
             columns: (0..schema.fields().len()).map(|_| None).collect(),
@@ -767,10 +802,6 @@ impl ColumnarFile {
             options,
             slices: Vec::new(),
         })
-    }
-
-    fn spill_path(&self, column: usize) -> PathBuf {
-        self.dir.join(format!("column-{column}.arrows"))
     }
 
     /// Appends `batch`'s rows in the order of `indices`: each column's rows
@@ -809,30 +840,18 @@ impl ColumnarFile {
     }
 
     fn spill(&mut self, column: usize, values: ArrayRef) -> Result<(), ArrowError> {
-        let values = match values.as_dictionary_opt::<Int32Type>() {
-            Some(dict) => take(dict.values().as_ref(), dict.keys(), None)?,
-            None => values,
-        };
-        let rows = RecordBatch::try_new(Arc::clone(&self.spilled[column]), vec![values])?;
-        let generator = IpcDataGenerator::default();
-        if self.columns[column].is_none() {
-            let mut file = BufWriter::new(File::create(self.spill_path(column))?);
-            let mut tracker = DictionaryTracker::new(false);
-            let schema = generator.schema_to_bytes_with_dictionary_tracker(
+        let rows =
+            RecordBatch::try_new(Arc::clone(&self.spilled[column]), vec![as_text(&values)?])?;
+        let path = column_spill_path(&self.dir, column);
+        let file = match &mut self.columns[column] {
+            Some(file) => file,
+            None => self.columns[column].insert(IpcSpill::create(
+                &path,
                 &self.spilled[column],
-                &mut tracker,
                 &self.options,
-            );
-            write_message(&mut file, schema, &self.options)?;
-            self.columns[column] = Some((file, tracker));
-        }
-        let (file, tracker) = self.columns[column].as_mut().expect("opened above");
-        let (dictionaries, batch) =
-            generator.encode(&rows, tracker, &self.options, &mut self.context)?;
-        for message in dictionaries.into_iter().chain([batch]) {
-            write_message(&mut *file, message, &self.options)?;
-        }
-        Ok(())
+            )?),
+        };
+        file.append(&rows, &self.options, &mut self.context)
     }
 
     /// Encodes the current row group from its spill files, a column at a
@@ -841,18 +860,14 @@ impl ColumnarFile {
         let group_index = self.file.flushed_row_groups().len();
         let mut row_group = self.file.next_row_group()?;
         for (i, field) in self.schema.fields().iter().enumerate() {
-            let path = self.dir.join(format!("column-{i}.arrows"));
-            let Some((mut spill, _)) = self.columns[i].take() else {
+            let path = column_spill_path(&self.dir, i);
+            let Some(spill) = self.columns[i].take() else {
                 return Err(ParquetError::General(format!(
                     "column {} has no rows for its row group",
                     field.name()
                 )));
             };
-            spill
-                .write_all(&[0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0])
-                .and_then(|()| spill.flush())
-                .map_err(external)?;
-            drop(spill);
+            spill.end().map_err(external)?;
             let reader =
                 StreamReader::try_new(BufReader::new(File::open(&path).map_err(external)?), None)
                     .map_err(external)?;
@@ -1357,15 +1372,18 @@ mod tests {
         let buckets = Buckets::plan(&counts, 3);
         let stems = ["a-1".to_owned(), "b-1".to_owned()];
         let spill = tempfile::tempdir().unwrap();
-        let mut outputs = Outputs::new(
-            Table::Gpu,
-            dir.path(),
-            spill.path(),
-            "gpu/h",
-            &stems,
-            &buckets,
-            6,
-        );
+        let outputs_of = || {
+            Outputs::new(
+                Table::Gpu,
+                dir.path(),
+                spill.path(),
+                "gpu/h",
+                &stems,
+                &buckets,
+                6,
+            )
+        };
+        let mut outputs = outputs_of();
         // Each bucket's rows out of order, and one of them twice.
         let first = vec![
             gpu_batch(&[("n1", 2), ("n1", 0)]),
@@ -1384,15 +1402,7 @@ mod tests {
                 differing: 0
             }
         );
-        let again = Outputs::new(
-            Table::Gpu,
-            dir.path(),
-            spill.path(),
-            "gpu/h",
-            &stems,
-            &buckets,
-            6,
-        );
+        let again = outputs_of();
         let stems_out: Vec<String> = files.iter().map(|f| f.stem.clone()).collect();
         assert_eq!(again.names, stems_out);
         assert_eq!(files.len(), 2);
