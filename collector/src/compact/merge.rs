@@ -734,8 +734,9 @@ impl Outputs {
 
 /// A compacted file written a column at a time. A bucket's rows go to
 /// their row group's spill files, one per column (Arrow IPC, zstd level 1,
-/// text instead of dictionaries), [`ENCODE_SLICE_ROWS`] at a time; once the
-/// group has its rows, each column is encoded from its spill file by a
+/// text instead of dictionaries; a column's rows of a bucket one message,
+/// since arrow-ipc makes a zstd context for every message it reads); once
+/// the group has its rows, each column is encoded from its spill file by a
 /// writer of its own, which is closed into the group before the next is
 /// made. Parquet's `ArrowWriter` would keep every column's unfinished page,
 /// encoder and zstd context for as long as the group lasts (up to 1 M rows;
