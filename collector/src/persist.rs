@@ -267,7 +267,7 @@ pub(crate) fn write_in_order<W: std::io::Write + Send, E>(
 }
 
 /// Sorts a flush's rows by the table's sort key and encodes them as one
-/// Parquet file, a column at a time (see [`encode_in_order`]). `name` is the
+/// Parquet file, a column at a time (see `encode_in_order`). `name` is the
 /// file's path, for errors.
 pub fn sort_and_encode(
     table: Table,
@@ -293,7 +293,7 @@ pub fn sort_and_encode(
 }
 
 /// Encodes `batch`'s rows in the order of `indices` as one Parquet file: the
-/// file [`write_in_order`] makes through an [`ArrowWriter`] when its row
+/// file parquet's [`ArrowWriter`] makes of the rows in that order when its row
 /// groups are whole slices (a flush's one group), byte for byte, but made a
 /// column at a time. Each column's rows are reordered [`ENCODE_SLICE_ROWS`]
 /// at a time into that column's writer, whose chunk then goes into the row
