@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use arrow_array::{RecordBatch, UInt32Array};
+use arrow_array::{ArrayRef, RecordBatch, UInt32Array};
 use arrow_schema::{ArrowError, DataType, FieldRef, Schema};
 use arrow_select::take::{take, take_record_batch};
 use bytes::Bytes;
@@ -20,7 +20,7 @@ use parquet::file::metadata::SortingColumn;
 use parquet::file::properties::{
     EnabledStatistics, WriterProperties, WriterPropertiesPtr, WriterVersion,
 };
-use parquet::file::writer::SerializedFileWriter;
+use parquet::file::writer::{SerializedFileWriter, SerializedRowGroupWriter};
 use parquet::schema::types::ColumnPath;
 
 use crate::marker;
@@ -321,8 +321,6 @@ pub(crate) fn encode_in_order<E>(
         .and_then(ArrowWriter::into_serialized_writer)
         .map_err(&write_error)?;
     let props = Arc::clone(file.properties());
-    // A column without a value is written from one all-null slice per
-    // type, not taken row by row.
     let mut nulls = SharedNulls::default();
     let mut group_start = 0;
     while group_start < indices.len() {
@@ -330,28 +328,17 @@ pub(crate) fn encode_in_order<E>(
         let group_index = file.flushed_row_groups().len();
         let mut row_group = file.next_row_group().map_err(&write_error)?;
         for (field, column) in schema.fields().iter().zip(batch.columns()) {
-            let mut writers = column_writers(field, &props, group_index).map_err(&write_error)?;
+            let mut chunk =
+                ColumnChunkWriter::new(field, &props, group_index).map_err(&write_error)?;
             let mut start = 0;
             while start < group.len() {
                 let len = ENCODE_SLICE_ROWS.min(group.len() - start);
-                let rows = if column.null_count() == column.len() {
-                    nulls.of(field.data_type(), len)
-                } else {
-                    take(column.as_ref(), &group.slice(start, len), None).map_err(&take_error)?
-                };
-                let leaves = compute_leaves(field, &rows).map_err(&write_error)?;
-                debug_assert_eq!(leaves.len(), writers.len(), "a writer per leaf");
-                for (writer, leaf) in writers.iter_mut().zip(&leaves) {
-                    writer.write(leaf).map_err(&write_error)?;
-                }
+                let rows =
+                    rows_at(column, &group.slice(start, len), &mut nulls).map_err(&take_error)?;
+                chunk.write(&rows).map_err(&write_error)?;
                 start += len;
             }
-            for writer in writers {
-                let chunk = writer.close().map_err(&write_error)?;
-                chunk
-                    .append_to_row_group(&mut row_group)
-                    .map_err(&write_error)?;
-            }
+            chunk.close_into(&mut row_group).map_err(&write_error)?;
         }
         row_group.close().map_err(&write_error)?;
         group_start += group.len();
@@ -359,21 +346,72 @@ pub(crate) fn encode_in_order<E>(
     file.into_inner().map(Bytes::from).map_err(&write_error)
 }
 
-/// The column writers (one per leaf) of one column of a file with `props`:
+/// `column`'s rows at `indices`; a column that holds no value gives the
+/// all-null array of `nulls` for that many rows, rather than being taken
+/// row by row.
+pub(crate) fn rows_at(
+    column: &ArrayRef,
+    indices: &UInt32Array,
+    nulls: &mut SharedNulls,
+) -> Result<ArrayRef, ArrowError> {
+    if column.null_count() == column.len() {
+        Ok(nulls.of(column.data_type(), indices.len()))
+    } else {
+        take(column.as_ref(), indices, None)
+    }
+}
+
+/// One column's chunk of a row group being encoded on its own: its writers
+/// (one per leaf) are made from a schema of that column alone, since
 /// parquet makes a row group's writers all at once, each with its
-/// compressor, so they are made here from a schema of that column alone.
-pub(crate) fn column_writers(
-    field: &FieldRef,
-    props: &WriterPropertiesPtr,
-    row_group: usize,
-) -> Result<Vec<ArrowColumnWriter>, ParquetError> {
-    let schema = Arc::new(Schema::new(vec![Arc::clone(field)]));
-    let descr = ArrowSchemaConverter::new()
-        .with_coerce_types(props.coerce_types())
-        .convert(&schema)?;
-    let file =
-        SerializedFileWriter::new(std::io::sink(), descr.root_schema_ptr(), Arc::clone(props))?;
-    ArrowRowGroupWriterFactory::new(&file, schema).create_column_writers(row_group)
+/// compressor.
+pub(crate) struct ColumnChunkWriter {
+    field: FieldRef,
+    writers: Vec<ArrowColumnWriter>,
+}
+
+impl ColumnChunkWriter {
+    /// The writers of `field`'s chunk in row group `row_group` of a file
+    /// with `props`.
+    pub(crate) fn new(
+        field: &FieldRef,
+        props: &WriterPropertiesPtr,
+        row_group: usize,
+    ) -> Result<Self, ParquetError> {
+        let schema = Arc::new(Schema::new(vec![Arc::clone(field)]));
+        let descr = ArrowSchemaConverter::new()
+            .with_coerce_types(props.coerce_types())
+            .convert(&schema)?;
+        let file =
+            SerializedFileWriter::new(std::io::sink(), descr.root_schema_ptr(), Arc::clone(props))?;
+        let writers =
+            ArrowRowGroupWriterFactory::new(&file, schema).create_column_writers(row_group)?;
+        Ok(Self {
+            field: Arc::clone(field),
+            writers,
+        })
+    }
+
+    /// Encodes the next of the chunk's rows.
+    pub(crate) fn write(&mut self, rows: &ArrayRef) -> Result<(), ParquetError> {
+        let leaves = compute_leaves(&self.field, rows)?;
+        debug_assert_eq!(leaves.len(), self.writers.len(), "a writer per leaf");
+        for (writer, leaf) in self.writers.iter_mut().zip(&leaves) {
+            writer.write(leaf)?;
+        }
+        Ok(())
+    }
+
+    /// Closes the chunk into `row_group`, whose next column it is.
+    pub(crate) fn close_into<W: std::io::Write + Send>(
+        self,
+        row_group: &mut SerializedRowGroupWriter<'_, W>,
+    ) -> Result<(), ParquetError> {
+        for writer in self.writers {
+            writer.close()?.append_to_row_group(row_group)?;
+        }
+        Ok(())
+    }
 }
 
 /// A Parquet writer into memory for the rows of `rows`, its buffer sized for

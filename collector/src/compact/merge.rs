@@ -29,12 +29,11 @@ use arrow_ord::ord::{DynComparator, make_comparator};
 use arrow_schema::{DataType, Field, Schema, SchemaRef, SortOptions};
 use arrow_select::take::{take, take_record_batch};
 use gputel_schemas::{RowKey, SharedNulls};
-use parquet::arrow::arrow_writer::compute_leaves;
 use parquet::arrow::{ArrowWriter, ProjectionMask};
 use parquet::file::properties::{WriterProperties, WriterPropertiesPtr};
 use parquet::file::writer::SerializedFileWriter;
 
-use crate::persist::{ENCODE_SLICE_ROWS, column_writers};
+use crate::persist::{ColumnChunkWriter, ENCODE_SLICE_ROWS, rows_at};
 
 use super::*;
 
@@ -817,11 +816,7 @@ impl ColumnarFile {
             let rows = indices.slice(start, len);
             let mut nulls = SharedNulls::default();
             for (i, column) in batch.columns().iter().enumerate() {
-                let values = if column.null_count() == column.len() {
-                    nulls.of(column.data_type(), len)
-                } else {
-                    take(column.as_ref(), &rows, None).map_err(external)?
-                };
+                let values = rows_at(column, &rows, &mut nulls).map_err(external)?;
                 self.spill(i, values).map_err(external)?;
             }
             let mut at = start;
@@ -872,7 +867,7 @@ impl ColumnarFile {
             let reader =
                 StreamReader::try_new(BufReader::new(File::open(&path).map_err(external)?), None)
                     .map_err(external)?;
-            let mut writers = column_writers(field, &self.props, group_index)?;
+            let mut chunk = ColumnChunkWriter::new(field, &self.props, group_index)?;
             let mut slices = self.slices.iter();
             for batch in reader {
                 let column = Arc::clone(batch.map_err(external)?.column(0));
@@ -888,16 +883,11 @@ impl ColumnarFile {
                         }
                         _ => slice,
                     };
-                    let leaves = compute_leaves(field, &slice)?;
-                    for (writer, leaf) in writers.iter_mut().zip(&leaves) {
-                        writer.write(leaf)?;
-                    }
+                    chunk.write(&slice)?;
                     at += len;
                 }
             }
-            for writer in writers {
-                writer.close()?.append_to_row_group(&mut row_group)?;
-            }
+            chunk.close_into(&mut row_group)?;
             std::fs::remove_file(&path).map_err(external)?;
         }
         row_group.close()?;
