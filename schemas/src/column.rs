@@ -147,14 +147,10 @@ pub trait ColumnKind {
     }
     /// Appends a value that passed [`ColumnKind::check`].
     fn put(builder: &mut Self::Builder, v: Self::Value<'_>);
-    /// The values appended so far, as an array; the builder starts over.
-    fn finish(builder: &mut Self::Builder) -> ArrayRef;
-    /// The same, but a column that holds no value is taken from `nulls`,
-    /// shared with the table's other such columns of its type.
-    fn finish_sharing(builder: &mut Self::Builder, nulls: &mut SharedNulls) -> ArrayRef {
-        let _ = nulls;
-        Self::finish(builder)
-    }
+    /// The values appended so far, as an array; the builder starts over. A
+    /// nullable column that holds no value is taken from `nulls`, shared
+    /// with the table's other such columns of its type.
+    fn finish(builder: &mut Self::Builder, nulls: &mut SharedNulls) -> ArrayRef;
 }
 
 /// Columns that hold no value, one array per data type and length, shared
@@ -235,7 +231,7 @@ impl ColumnKind for Timestamp {
     fn put(builder: &mut TimestampBuilder, v: i64) {
         builder.0.append_value(v);
     }
-    fn finish(builder: &mut TimestampBuilder) -> ArrayRef {
+    fn finish(builder: &mut TimestampBuilder, _: &mut SharedNulls) -> ArrayRef {
         Arc::new(builder.0.finish())
     }
 }
@@ -252,8 +248,8 @@ impl ColumnKind for OtherTimestamp {
     fn put(builder: &mut TimestampBuilder, v: i64) {
         Timestamp::put(builder, v);
     }
-    fn finish(builder: &mut TimestampBuilder) -> ArrayRef {
-        Timestamp::finish(builder)
+    fn finish(builder: &mut TimestampBuilder, nulls: &mut SharedNulls) -> ArrayRef {
+        Timestamp::finish(builder, nulls)
     }
 }
 
@@ -296,7 +292,7 @@ impl ColumnKind for Label {
     fn put(builder: &mut Dictionary, v: &str) {
         builder.append_value(v);
     }
-    fn finish(builder: &mut Dictionary) -> ArrayRef {
+    fn finish(builder: &mut Dictionary, _: &mut SharedNulls) -> ArrayRef {
         ArrayBuilder::finish(builder)
     }
 }
@@ -316,11 +312,8 @@ impl ColumnKind for OptLabel {
     fn put(builder: &mut Lazy<Dictionary>, v: Option<&str>) {
         builder.append_option(v);
     }
-    fn finish(builder: &mut Lazy<Dictionary>) -> ArrayRef {
-        builder.finish(&dictionary_type())
-    }
-    fn finish_sharing(builder: &mut Lazy<Dictionary>, nulls: &mut SharedNulls) -> ArrayRef {
-        builder.finish_sharing(&dictionary_type(), nulls)
+    fn finish(builder: &mut Lazy<Dictionary>, nulls: &mut SharedNulls) -> ArrayRef {
+        builder.finish(&dictionary_type(), nulls)
     }
 }
 
@@ -340,7 +333,7 @@ impl ColumnKind for Text {
     fn put(builder: &mut StringBuilder, v: &str) {
         builder.append_value(v);
     }
-    fn finish(builder: &mut StringBuilder) -> ArrayRef {
+    fn finish(builder: &mut StringBuilder, _: &mut SharedNulls) -> ArrayRef {
         ArrayBuilder::finish(builder)
     }
 }
@@ -382,7 +375,7 @@ impl ColumnKind for LabelList {
         }
         builder.0.append(true);
     }
-    fn finish(builder: &mut LabelListBuilder) -> ArrayRef {
+    fn finish(builder: &mut LabelListBuilder, _: &mut SharedNulls) -> ArrayRef {
         Arc::new(builder.0.finish())
     }
 }
@@ -458,7 +451,7 @@ impl ColumnKind for LabelMap {
         // Building into a field declared above cannot fail.
         let _ = builder.0.append(!v.is_empty());
     }
-    fn finish(builder: &mut LabelMapBuilder) -> ArrayRef {
+    fn finish(builder: &mut LabelMapBuilder, _: &mut SharedNulls) -> ArrayRef {
         Arc::new(builder.0.finish())
     }
 }
@@ -550,14 +543,10 @@ impl<B: DeferredBuilder> Lazy<B> {
         }
     }
 
-    /// The rows appended so far as an array of `data_type` (all null if no
-    /// value came); starts over with no builder.
-    pub fn finish(&mut self, data_type: &DataType) -> ArrayRef {
-        self.finish_sharing(data_type, &mut SharedNulls::default())
-    }
-
-    /// The same, an all-null array taken from `shared`.
-    pub fn finish_sharing(&mut self, data_type: &DataType, shared: &mut SharedNulls) -> ArrayRef {
+    /// The rows appended so far as an array of `data_type` (if no value
+    /// came, `shared`'s all-null array of that type and length); starts over
+    /// with no builder.
+    pub fn finish(&mut self, data_type: &DataType, shared: &mut SharedNulls) -> ArrayRef {
         let nulls = std::mem::take(&mut self.nulls);
         match self.values.take() {
             Some(mut values) => values.finish(),
@@ -591,7 +580,7 @@ macro_rules! number_kind {
             fn put(builder: &mut $builder, $s: $value) {
                 builder.append_value($store);
             }
-            fn finish(builder: &mut $builder) -> ArrayRef {
+            fn finish(builder: &mut $builder, _: &mut SharedNulls) -> ArrayRef {
                 ArrayBuilder::finish(builder)
             }
         }
@@ -617,11 +606,8 @@ macro_rules! number_kind {
             fn put(builder: &mut Lazy<$builder>, $s: $value) {
                 builder.append_option($store);
             }
-            fn finish(builder: &mut Lazy<$builder>) -> ArrayRef {
-                builder.finish(&$data_type)
-            }
-            fn finish_sharing(builder: &mut Lazy<$builder>, nulls: &mut SharedNulls) -> ArrayRef {
-                builder.finish_sharing(&$data_type, nulls)
+            fn finish(builder: &mut Lazy<$builder>, nulls: &mut SharedNulls) -> ArrayRef {
+                builder.finish(&$data_type, nulls)
             }
         }
     };
@@ -744,7 +730,7 @@ impl ColumnKind for EventKindName {
     fn put(builder: &mut Dictionary, (v, _): (i32, EventScope)) {
         builder.append_value(EventKind::try_from(v).map_or("unspecified", EventKind::name));
     }
-    fn finish(builder: &mut Dictionary) -> ArrayRef {
+    fn finish(builder: &mut Dictionary, _: &mut SharedNulls) -> ArrayRef {
         ArrayBuilder::finish(builder)
     }
 }
@@ -775,11 +761,8 @@ impl ColumnKind for OptProfilingSourceName {
             v.map(|v| ProfilingSource::try_from(v).map_or("unspecified", ProfilingSource::name)),
         );
     }
-    fn finish(builder: &mut Lazy<Dictionary>) -> ArrayRef {
-        builder.finish(&dictionary_type())
-    }
-    fn finish_sharing(builder: &mut Lazy<Dictionary>, nulls: &mut SharedNulls) -> ArrayRef {
-        builder.finish_sharing(&dictionary_type(), nulls)
+    fn finish(builder: &mut Lazy<Dictionary>, nulls: &mut SharedNulls) -> ArrayRef {
+        builder.finish(&dictionary_type(), nulls)
     }
 }
 
@@ -804,7 +787,7 @@ mod tests {
             OptU64::put(&mut b, None);
         }
         assert!(b.values.is_none(), "no builder before the first value");
-        let array = OptU64::finish(&mut b);
+        let array = OptU64::finish(&mut b, &mut SharedNulls::default());
         assert_eq!(array.data_type(), &DataType::Int64);
         assert_eq!((array.len(), array.null_count()), (5, 5));
 
@@ -812,7 +795,7 @@ mod tests {
         OptLabel::put(&mut b, None);
         OptLabel::put(&mut b, None);
         assert!(b.values.is_none());
-        let array = OptLabel::finish(&mut b);
+        let array = OptLabel::finish(&mut b, &mut SharedNulls::default());
         assert_eq!(array.data_type(), &dictionary_type());
         assert_eq!((array.len(), array.null_count()), (2, 2));
     }
@@ -832,10 +815,10 @@ mod tests {
             OptU64::put(&mut c, Some(5));
             OptLabel::put(&mut label, None);
         }
-        let a = OptU64::finish_sharing(&mut a, &mut nulls);
-        let b = OptU32Wide::finish_sharing(&mut b, &mut nulls);
-        let c = OptU64::finish_sharing(&mut c, &mut nulls);
-        let label = OptLabel::finish_sharing(&mut label, &mut nulls);
+        let a = OptU64::finish(&mut a, &mut nulls);
+        let b = OptU32Wide::finish(&mut b, &mut nulls);
+        let c = OptU64::finish(&mut c, &mut nulls);
+        let label = OptLabel::finish(&mut label, &mut nulls);
         // Both Int64 and null in every row: one array.
         assert!(Arc::ptr_eq(&a, &b));
         assert_eq!((a.len(), a.null_count()), (3, 3));
@@ -856,7 +839,7 @@ mod tests {
         for v in [None, None, Some(7), None, Some(9)] {
             OptU64::put(&mut b, v);
         }
-        let array = OptU64::finish(&mut b);
+        let array = OptU64::finish(&mut b, &mut SharedNulls::default());
         assert_eq!(
             array.as_primitive::<Int64Type>(),
             &Int64Array::from(vec![None, None, Some(7), None, Some(9)])
@@ -866,7 +849,7 @@ mod tests {
         for v in [None, Some("job-1"), None, Some("job-1"), Some("job-2")] {
             OptLabel::put(&mut b, v);
         }
-        let array = OptLabel::finish(&mut b);
+        let array = OptLabel::finish(&mut b, &mut SharedNulls::default());
         let want: DictionaryArray<Int32Type> =
             vec![None, Some("job-1"), None, Some("job-1"), Some("job-2")]
                 .into_iter()
@@ -877,7 +860,7 @@ mod tests {
         for v in [None, Some(true), Some(false)] {
             OptBool::put(&mut b, v);
         }
-        let array = OptBool::finish(&mut b);
+        let array = OptBool::finish(&mut b, &mut SharedNulls::default());
         let got: Vec<_> = array.as_boolean().iter().collect();
         assert_eq!(got, [None, Some(true), Some(false)]);
     }
@@ -887,11 +870,11 @@ mod tests {
         let mut b = OptU32::builder(0);
         OptU32::put(&mut b, None);
         OptU32::put(&mut b, Some(3));
-        assert_eq!(OptU32::finish(&mut b).len(), 2);
+        assert_eq!(OptU32::finish(&mut b, &mut SharedNulls::default()).len(), 2);
         OptU32::put(&mut b, None);
-        let array = OptU32::finish(&mut b);
+        let array = OptU32::finish(&mut b, &mut SharedNulls::default());
         assert_eq!((array.len(), array.null_count()), (1, 1));
         assert!(b.values.is_none());
-        assert_eq!(OptU32::finish(&mut b).len(), 0);
+        assert_eq!(OptU32::finish(&mut b, &mut SharedNulls::default()).len(), 0);
     }
 }

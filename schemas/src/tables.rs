@@ -195,7 +195,7 @@ macro_rules! table {
             /// Columns without a value share one all-null array per type.
             pub fn finish(&mut self) -> Vec<ArrayRef> {
                 let mut nulls = SharedNulls::default();
-                vec![$(<$kind as ColumnKind>::finish_sharing(&mut self.$col, &mut nulls),)*]
+                vec![$(<$kind as ColumnKind>::finish(&mut self.$col, &mut nulls),)*]
             }
         }
     };
