@@ -418,6 +418,7 @@ fn every_capture_arrives_in_the_gpu_rows_in_nvml_units() {
             ("a100-sxm4-40gb_570.148.08_v12.xml", 1),
             ("a100-sxm4-80gb-mig_535.54.03_v12.xml", 1),
             ("a10g_515.105.01_v11.xml", 1),
+            ("h100-80gb-hbm3_580.159.04_v13.xml", 1),
             ("h100-sxm5-x8_580.105.08_v13.xml", 8),
             ("h200_580.159.04_v13.xml", 1),
             ("t4_515.105.01_v11.xml", 1),
@@ -488,18 +489,16 @@ fn notable_capture_values_are_exact() {
     assert_eq!(mig["gpus"][0]["gpu_util_pct"], json!(null));
 }
 
-/// The fake against the real thing: the H200 capture (`nvidia-smi -q -x`
-/// on a real H200, driver 580.159.04) through the converter and the fake
-/// NVML reads as `gputel-agent --once` read the real driver two seconds
-/// later on the same idle GPU (`tests/fixtures/h200-recording/once-idle.json`).
-/// What cannot change while a GPU idles must be equal; what is measured,
-/// within what moves in two seconds; the XML's whole MiB within one MiB of
-/// NVML's bytes.
-#[test]
-fn the_fake_h200_reads_as_the_real_driver_did() {
+/// The fake against the real thing: a capture (`nvidia-smi -q -x` on a
+/// real idle GPU) through the converter and the fake NVML reads as
+/// `gputel-agent --once` read the real driver seconds later on the same GPU
+/// (the recording's `once-idle.json`). What cannot change while a GPU idles
+/// must be equal; what is measured, within what moves in a few seconds; the
+/// XML's whole MiB within one MiB of NVML's bytes.
+fn fake_reads_as_the_real_driver_did(capture: &str, recording: &str, model: &str) {
     let tmp = tempfile::tempdir().expect("tempdir");
     let out = Command::new(nvsmi_scenario_bin())
-        .arg(fixture("nvidia-smi").join("h200_580.159.04_v13.xml"))
+        .arg(fixture("nvidia-smi").join(capture))
         .output()
         .expect("run nvsmi-scenario");
     assert!(
@@ -511,7 +510,7 @@ fn the_fake_h200_reads_as_the_real_driver_did() {
     std::fs::write(&scenario, &out.stdout).expect("write scenario");
     let fake = once(&scenario);
     let real: Value = serde_json::from_str(
-        &std::fs::read_to_string(fixture("h200-recording").join("once-idle.json"))
+        &std::fs::read_to_string(fixture(recording).join("once-idle.json"))
             .expect("the recorded --once"),
     )
     .expect("JSON");
@@ -550,7 +549,7 @@ fn the_fake_h200_reads_as_the_real_driver_did() {
     ] {
         assert_eq!(f[field], r[field], "{field}");
     }
-    assert_eq!(r["model"], json!("NVIDIA H200"));
+    assert_eq!(r["model"], json!(model));
     let near = |field: &str, within: f64| {
         let (a, b) = (f[field].as_f64(), r[field].as_f64());
         let (Some(a), Some(b)) = (a, b) else {
@@ -564,4 +563,24 @@ fn the_fake_h200_reads_as_the_real_driver_did() {
     near("sm_clock_mhz", 0.0);
     near("fb_reserved_bytes", MIB);
     near("fb_free_bytes", MIB);
+}
+
+/// The H200 of `tests/fixtures/h200-recording` (2026-11-25).
+#[test]
+fn the_fake_h200_reads_as_the_real_driver_did() {
+    fake_reads_as_the_real_driver_did(
+        "h200_580.159.04_v13.xml",
+        "h200-recording",
+        "NVIDIA H200",
+    );
+}
+
+/// The H100 of `tests/fixtures/h100-recording` (2026-11-27).
+#[test]
+fn the_fake_h100_reads_as_the_real_driver_did() {
+    fake_reads_as_the_real_driver_did(
+        "h100-80gb-hbm3_580.159.04_v13.xml",
+        "h100-recording",
+        "NVIDIA H100 80GB HBM3",
+    );
 }
