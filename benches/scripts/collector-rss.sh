@@ -43,7 +43,10 @@ pid=$(pgrep -P "$COLLECTOR_PID" | head -1)
 [[ -n $pid ]] || die "cannot find the collector's pid"
 (
   while kill -0 "$pid" 2>/dev/null; do
-    awk '/^VmRSS/ { print $2 }' "/proc/$pid/status" 2>/dev/null
+    # VmRSS, and its anonymous (heap) and file-backed (the mapped
+    # executable's pages) parts, in KiB.
+    awk '/^VmRSS/ { r = $2 } /^RssAnon/ { a = $2 } /^RssFile/ { f = $2 }
+      END { if (r) print r, a, f }' "/proc/$pid/status" 2>/dev/null
     sleep 1
   done
 ) >"$dir/rss.txt" &
@@ -67,6 +70,9 @@ printf 'collector peak RSS (time -v): %s MB; user %s s, system %s s\n' "$(tv_rss
 sort -n "$dir/rss.txt" | awk '{ r[NR] = $1 } END {
   printf "collector RSS sampled every second (%d samples): median %.1f MB, p90 %.1f MB, max %.1f MB\n",
     NR, r[int((NR + 1) / 2)] * 1024 / 1e6, r[int(NR * 0.9 + 0.5)] * 1024 / 1e6, r[NR] * 1024 / 1e6 }'
+sort -n -k2 "$dir/rss.txt" | awk '{ a[NR] = $2; if ($3 > f) f = $3 } END {
+  printf "  of it anonymous (heap): median %.1f MB, max %.1f MB; file-backed (the executable'"'"'s mapped pages): max %.1f MB\n",
+    a[int((NR + 1) / 2)] * 1024 / 1e6, a[NR] * 1024 / 1e6, f * 1024 / 1e6 }'
 printf 'load generator: %s CPU s\n' "$(tv_cpu "$dir/loadgen.time")"
 echo "files per table (the run's hours, before compaction):"
 find "$dir/store" -name '*.parquet' -not -path '*/date=2024-06-12/*' \
