@@ -7,7 +7,10 @@ set -euo pipefail
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
-REL="$(pwd)/target/release"
+# GPUTEL_BENCH_PROFILE=dist measures the build the packages ship (Cargo.toml,
+# profile.dist); the default is the release profile, quicker to build.
+PROFILE="${GPUTEL_BENCH_PROFILE:-release}"
+REL="$(pwd)/target/$PROFILE"
 # GPUTEL_BENCH_COLLECTOR=/path/to/gputel-collector measures another collector
 # build (an older commit's, say) with the same scripts and load generator.
 COLLECTOR="${GPUTEL_BENCH_COLLECTOR:-$REL/gputel-collector}"
@@ -17,12 +20,13 @@ FAKE_NVML="$REL/libgputel_fake_nvml.so"
 FIXTURES="$(pwd)/tests/fixtures"
 
 # The release collector, agent, load generator and fake NVML. Set
-# GPUTEL_BENCH_NO_BUILD=1 to use what target/release already holds.
+# GPUTEL_BENCH_NO_BUILD=1 to use what target/release (target/$PROFILE)
+# already holds.
 build_release() {
   if [[ ${GPUTEL_BENCH_NO_BUILD:-} != 1 ]]; then
-    say "building the release programs (cargo build --release)"
-    cargo build --release --quiet -p gputel-collector -p gputel-agent -p gputel-benches \
-      -p gputel-fake-nvml
+    say "building the programs (cargo build --profile $PROFILE)"
+    cargo build --profile "$PROFILE" --quiet -p gputel-collector -p gputel-agent \
+      -p gputel-benches -p gputel-fake-nvml
   fi
   for f in "$COLLECTOR" "$AGENT" "$LOADGEN" "$FAKE_NVML"; do
     [[ -e $f ]] || die "$f is missing: run without GPUTEL_BENCH_NO_BUILD=1 to build it"
