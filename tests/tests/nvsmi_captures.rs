@@ -568,11 +568,7 @@ fn fake_reads_as_the_real_driver_did(capture: &str, recording: &str, model: &str
 /// The H200 of `tests/fixtures/h200-recording` (2026-11-25).
 #[test]
 fn the_fake_h200_reads_as_the_real_driver_did() {
-    fake_reads_as_the_real_driver_did(
-        "h200_580.159.04_v13.xml",
-        "h200-recording",
-        "NVIDIA H200",
-    );
+    fake_reads_as_the_real_driver_did("h200_580.159.04_v13.xml", "h200-recording", "NVIDIA H200");
 }
 
 /// The H100 of `tests/fixtures/h100-recording` (2026-11-27).
