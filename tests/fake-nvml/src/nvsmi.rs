@@ -586,6 +586,6 @@ mod tests {
             }
             converted += 1;
         }
-        assert_eq!(converted, 8);
+        assert_eq!(converted, 9);
     }
 }
