@@ -118,5 +118,5 @@ fn converted_captures_answer_nvml_calls_with_the_captured_values() {
         .iter()
         .map(|f| check(&lib, f, &tmp.path().join("scenario.toml")))
         .sum();
-    assert_eq!((files.len(), gpus), (8, 15));
+    assert_eq!((files.len(), gpus), (9, 16));
 }
