@@ -24,10 +24,10 @@ idle=${3:-30}
 loaded=${4:-30}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
+cd "$(dirname "$0")/../.."
+source benches/scripts/common.sh
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
-
-say() { printf '==> %s\n' "$*" >&2; }
 
 say "NVML's XID wait alone"
 python3 - >"$out/event-wait.json" <<'EOF'
@@ -63,7 +63,7 @@ cat "$out/event-wait.json" >&2
 say "collector and agent (--sources gpu)"
 "$bin/gputel-collector" --plaintext --listen 127.0.0.1:7117 \
   --store "$work/store" --wal-dir "$work/wal" 2>"$out/collector.log" &
-for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/7117) 2>/dev/null && break; sleep 0.1; done
+wait_port 7117
 "$bin/gputel-agent" --collector http://127.0.0.1:7117 --plaintext --sources gpu \
   2>"$out/agent.log" &
 agent=$!

@@ -838,11 +838,10 @@ impl ColumnarFile {
     fn spill(&mut self, column: usize, values: ArrayRef) -> Result<(), ArrowError> {
         let rows =
             RecordBatch::try_new(Arc::clone(&self.spilled[column]), vec![as_text(&values)?])?;
-        let path = column_spill_path(&self.dir, column);
         let file = match &mut self.columns[column] {
             Some(file) => file,
             None => self.columns[column].insert(IpcSpill::create(
-                &path,
+                &column_spill_path(&self.dir, column),
                 &self.spilled[column],
                 &self.options,
             )?),
