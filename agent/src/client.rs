@@ -150,6 +150,22 @@ pub async fn run(
     run_queue(collectors, identity, batches, queue, drain_timeout).await
 }
 
+/// As [`run`], but with `max_pending` batches unacknowledged it takes no more
+/// from `batches` until acknowledgements make room: the producer waits on
+/// the channel instead of the oldest batch being dropped. For a producer
+/// that must lose nothing and may wait (a load generator, a replay), not for
+/// a sampler, which must never block.
+pub async fn run_holding_back(
+    collectors: Collectors,
+    identity: Identity,
+    batches: mpsc::Receiver<Batch>,
+    max_pending: usize,
+    drain_timeout: Duration,
+) -> Delivery {
+    let queue = Queue::new(max_pending, None).holding_back();
+    run_queue(collectors, identity, batches, queue, drain_timeout).await
+}
+
 /// As [`run`], with unacknowledged batches kept in `spool` (memory holds only
 /// the newest `max_in_memory`; older ones are read back from disk to resend).
 pub async fn run_with_spool(
@@ -261,7 +277,7 @@ async fn wait_taking_batches(
         }
         let until = drain_deadline.map_or(wake, |d| d.min(wake));
         tokio::select! {
-            batch = batches.recv(), if drain_deadline.is_none() => match batch {
+            batch = batches.recv(), if drain_deadline.is_none() && !queue.holds_back() => match batch {
                 Some(batch) => queue.push(batch),
                 None => {
                     if queue.is_empty() {
@@ -361,7 +377,7 @@ async fn stream(
                     cursor = queue.last_seq().map_or(cursor, |last| last + 1);
                 }
             }
-            batch = batches.recv(), if drain_deadline.is_none() => match batch {
+            batch = batches.recv(), if drain_deadline.is_none() && !queue.holds_back() => match batch {
                 Some(batch) => queue.push(batch),
                 None => *drain_deadline = Some(Instant::now() + drain_timeout),
             },
@@ -393,6 +409,8 @@ async fn stream(
 struct Queue {
     batches: VecDeque<Batch>,
     max: usize,
+    /// At `max`, take no more batches rather than drop the oldest.
+    hold_back: bool,
     spool: Option<Spool>,
     /// Batches read back from the spool for resending, in order.
     from_disk: VecDeque<Batch>,
@@ -416,6 +434,7 @@ impl Queue {
         Self {
             batches: VecDeque::new(),
             max,
+            hold_back: false,
             spool,
             from_disk: VecDeque::new(),
             rejected: Vec::new(),
@@ -425,6 +444,20 @@ impl Queue {
                 ..Delivery::default()
             },
         }
+    }
+
+    /// Makes a full queue hold the producer back instead of dropping.
+    fn holding_back(mut self) -> Self {
+        self.hold_back = true;
+        // Room for one, or nothing would ever be taken.
+        self.max = self.max.max(1);
+        self
+    }
+
+    /// Whether to leave new batches in the channel until acknowledgements
+    /// make room.
+    fn holds_back(&self) -> bool {
+        self.hold_back && self.batches.len() >= self.max
     }
 
     /// What was delivered, with what is left unacknowledged now.
@@ -647,6 +680,48 @@ mod tests {
         assert_eq!(q.delivery.dropped, 1);
         assert_eq!(q.delivery.produced, 3);
         assert_eq!(q.next_from(0).map(|b| b.seq), Some(2));
+    }
+
+    #[test]
+    fn a_queue_holding_back_takes_no_more_until_an_ack_makes_room() {
+        let mut q = Queue::new(2, None).holding_back();
+        q.push(batch(1));
+        assert!(!q.holds_back());
+        q.push(batch(2));
+        assert!(q.holds_back());
+        q.acknowledge(1);
+        assert!(!q.holds_back());
+        q.push(batch(3));
+        assert!(q.holds_back());
+        assert_eq!(seqs(&q), [2, 3]);
+        assert_eq!(q.delivery.dropped, 0);
+        // A dropping queue never holds back, and no queue holds back at 0.
+        let mut dropping = Queue::new(1, None);
+        dropping.push(batch(1));
+        assert!(!dropping.holds_back());
+        assert!(!Queue::new(0, None).holding_back().holds_back());
+    }
+
+    #[tokio::test]
+    async fn holding_back_leaves_batches_in_the_channel_while_disconnected() {
+        let (tx, mut rx) = mpsc::channel(8);
+        for seq in 1..=5 {
+            tx.send(batch(seq)).await.unwrap();
+        }
+        let mut q = Queue::new(3, None).holding_back();
+        let mut drain_deadline = None;
+        let done = wait_taking_batches(
+            Duration::from_millis(50),
+            &mut rx,
+            &mut q,
+            &mut drain_deadline,
+            Duration::from_secs(1),
+        )
+        .await;
+        assert!(!done);
+        assert_eq!(seqs(&q), [1, 2, 3]);
+        assert_eq!(rx.len(), 2, "two left for the producer to wait on");
+        assert_eq!(q.delivery.dropped, 0);
     }
 
     #[test]

@@ -10,13 +10,14 @@
 //! as a fleet sends them, for what a collector holds and spends at a given
 //! rate.
 //!
-//! The client keeps every unacknowledged batch and cannot tell its producer
-//! about acknowledgements, so an agent sends its ticks in windows: one client
-//! stream per window, with a queue as long as the window (nothing is ever
-//! dropped), closed once the collector has acknowledged all of it. The next
-//! window reconnects with the same agent id and continues its sequence. When
-//! one window holds every tick (the default whenever the run fits the memory
-//! budget) each agent uses a single stream for the whole run.
+//! Each agent keeps one stream for the whole run, as a real agent does. Its
+//! client ([`client::run_holding_back`]) holds at most `--max-pending`
+//! unacknowledged batches; with that many, it takes no more until the
+//! collector's acknowledgements make room, so the generator waits and nothing
+//! is ever dropped. `--window` splits an agent's ticks into several streams
+//! instead: each window's stream is closed once the collector has
+//! acknowledged all of it, and the next reconnects with the same agent id and
+//! continues its sequence.
 
 use std::fmt;
 use std::sync::Arc;
@@ -40,9 +41,9 @@ use tracing::{info, warn};
 use crate::{AgentBatch, IB_PORTS_PER_NODE, SimNode, Values, buffer_and_take, metric_values};
 
 /// Rows all streaming agents together may hold unacknowledged, unless
-/// `--window` says otherwise. A generated row takes about 550 bytes in memory
-/// (a GPU row is a 496-byte struct with two strings), so about 150 MB; smaller
-/// windows cost little, as the collector acknowledges at each log sync.
+/// `--max-pending` says otherwise. A generated row takes about 550 bytes in
+/// memory (a GPU row is a 496-byte struct with two strings), so about 150 MB;
+/// fewer cost little, as the collector acknowledges at each log sync.
 pub const PENDING_ROWS_BUDGET: u64 = 250_000;
 /// Batches waiting between an agent's generator and its client.
 const HANDOFF: usize = 16;
@@ -113,10 +114,15 @@ pub struct Cli {
     /// time [default: all of them].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub concurrency: Option<u32>,
-    /// Batches an agent sends before it waits until the collector has
-    /// acknowledged all of them; the next window is a new stream [default:
-    /// --ticks, capped so that the streaming agents together hold at most
-    /// 250000 unacknowledged rows].
+    /// Unacknowledged batches an agent may have; with that many it waits for
+    /// the collector's acknowledgements, on the same stream [default: as
+    /// many as keep the streaming agents together at most 250000
+    /// unacknowledged rows].
+    #[arg(long, value_name = "BATCHES", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_pending: Option<u64>,
+    /// Batches an agent sends on one stream; it then waits until the
+    /// collector has acknowledged all of them, and the next window is a new
+    /// stream [default: --ticks, one stream for the whole run].
     #[arg(long, value_name = "BATCHES", value_parser = clap::value_parser!(u64).range(1..))]
     pub window: Option<u64>,
     /// Give up when not every batch is acknowledged within this time.
@@ -201,7 +207,10 @@ pub struct Plan {
     pub start_us: i64,
     pub node_prefix: String,
     pub concurrency: u32,
+    /// Batches an agent sends on one stream.
     pub window: u64,
+    /// Unacknowledged batches an agent may have.
+    pub max_pending: u64,
     pub timeout: Duration,
     /// Send tick k at k × interval after the start.
     pub pace: bool,
@@ -273,6 +282,7 @@ impl Plan {
             node_prefix: cli.node_prefix.clone(),
             concurrency: cli.concurrency.unwrap_or(cli.agents).min(cli.agents),
             window: 1,
+            max_pending: 1,
             timeout: cli.timeout,
             pace: cli.pace,
             values: cli.values,
@@ -338,11 +348,12 @@ impl Plan {
                     + plain.values[t] * (cli.ticks - slow_ticks)
             }),
         };
-        plan.window = cli.window.unwrap_or_else(|| {
+        plan.window = cli.window.unwrap_or(cli.ticks).min(cli.ticks);
+        plan.max_pending = cli.max_pending.unwrap_or_else(|| {
             let rows_per_batch = u64::from(cli.gpus) + 1 + IB_PORTS_PER_NODE as u64;
             (PENDING_ROWS_BUDGET / (rows_per_batch * u64::from(plan.concurrency))).max(1)
         });
-        plan.window = plan.window.min(cli.ticks);
+        plan.max_pending = plan.max_pending.min(plan.window);
         Ok(plan)
     }
 
@@ -602,6 +613,7 @@ pub async fn run(plan: Plan) -> Result<Summary, RunError> {
         ticks = plan.ticks,
         first_tick = %rfc3339(plan.start_us),
         window = plan.window,
+        max_pending = plan.max_pending,
         concurrency = plan.concurrency,
         "streaming"
     );
@@ -673,7 +685,8 @@ fn unfinished(plan: &Plan, i: u32, generated: &[Generated]) -> AgentOutcome {
     }
 }
 
-/// One agent: its ticks, a window at a time, each window on one client stream.
+/// One agent: its ticks, a window at a time (by default one window), each
+/// window on one client stream.
 async fn agent(
     plan: Arc<Plan>,
     i: u32,
@@ -714,12 +727,11 @@ async fn agent(
         let collectors = Collectors::new(&plan.collectors, None, &identity.node)
             .expect("checked by Plan::new")
             .with_connect_timeout(CONNECT_TIMEOUT);
-        let stream = tokio::spawn(client::run(
+        let stream = tokio::spawn(client::run_holding_back(
             collectors,
             identity.clone(),
             rx,
-            // Room for the whole window: the client never drops a batch.
-            usize::try_from(window).unwrap_or(usize::MAX),
+            usize::try_from(plan.max_pending).unwrap_or(usize::MAX),
             drain,
         ));
         for _ in 0..window {
@@ -876,21 +888,49 @@ mod tests {
     }
 
     #[test]
-    fn the_window_is_every_tick_unless_that_exceeds_the_pending_row_budget() {
-        let window = |args: &[&str]| Plan::new(&cli(args), NOW_US).unwrap().window;
-        assert_eq!(window(&["--agents", "4", "--ticks", "50"]), 50);
+    fn one_stream_an_agent_holding_at_most_the_pending_row_budget() {
+        let plan = |args: &[&str]| {
+            let plan = Plan::new(&cli(args), NOW_US).unwrap();
+            (plan.window, plan.max_pending)
+        };
+        assert_eq!(plan(&["--agents", "4", "--ticks", "50"]), (50, 50));
         // 13 rows a batch, 1000 agents streaming.
         assert_eq!(
-            window(&["--agents", "1000", "--ticks", "3600"]),
-            PENDING_ROWS_BUDGET / 13_000
+            plan(&["--agents", "1000", "--ticks", "3600"]),
+            (3600, PENDING_ROWS_BUDGET / 13_000)
         );
         assert_eq!(
-            window(&["--agents", "1000", "--ticks", "3600", "--concurrency", "10"]),
-            PENDING_ROWS_BUDGET / 130
+            plan(&["--agents", "1000", "--ticks", "3600", "--concurrency", "10"]),
+            (3600, PENDING_ROWS_BUDGET / 130)
         );
         assert_eq!(
-            window(&["--agents", "1000", "--ticks", "3600", "--window", "5000"]),
-            3600
+            plan(&[
+                "--agents",
+                "1000",
+                "--ticks",
+                "3600",
+                "--max-pending",
+                "5000"
+            ]),
+            (3600, 3600)
+        );
+        // A window bounds what is pending on its stream.
+        assert_eq!(
+            plan(&["--agents", "1000", "--ticks", "3600", "--window", "7"]),
+            (7, 7)
+        );
+        assert_eq!(
+            plan(&[
+                "--agents",
+                "2",
+                "--ticks",
+                "3600",
+                "--window",
+                "500",
+                "--max-pending",
+                "3"
+            ]),
+            (500, 3)
         );
     }
 

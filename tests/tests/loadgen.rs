@@ -101,6 +101,32 @@ fn every_batch_is_acknowledged_and_stored_once() {
         "{windowed}"
     );
 
+    // At most two batches unacknowledged: the generator waits for acks on
+    // the agent's one stream, and nothing is dropped.
+    let held = loadgen(
+        &addr,
+        &[
+            "--agents",
+            "1",
+            "--gpus",
+            "1",
+            "--ticks",
+            "40",
+            "--max-pending",
+            "2",
+            "--start-ts",
+            "2026-01-01T00:02:00Z",
+            "--node-prefix",
+            "held-",
+        ],
+    );
+    assert!(
+        held.starts_with(
+            "agents=1 gpus=1 ticks=40 batches=40 acknowledged=40 rejected=0 dropped=0"
+        ),
+        "{held}"
+    );
+
     // Paced: each tick sent at its time, so four ticks 300 ms apart take at
     // least 900 ms, and their timestamps start from now.
     let before_us = chrono::Utc::now().timestamp_micros();
@@ -130,8 +156,20 @@ fn every_batch_is_acknowledged_and_stored_once() {
         "four ticks 300 ms apart sent in {elapsed} s"
     );
 
-    let stopped = collector.terminate(Duration::from_secs(30));
+    let (stopped, log) = collector.terminate_with_log(Duration::from_secs(30));
     assert!(stopped.status.success(), "collector: {stopped:?}");
+    // A stream per agent, and per window where there are windows: 4 + 3 × 3
+    // (20 ticks in windows of 7) + 1 + 2.
+    let connected = |node: &str| {
+        log.iter()
+            .filter(|line| line.contains("agent connected") && line.contains(node))
+            .count()
+    };
+    assert_eq!(
+        ["loadgen-", "windowed-", "held-", "paced-"].map(connected),
+        [4, 9, 1, 2],
+        "{log:#?}"
+    );
     let first_paced_us = duckdb_value(
         tmp.path(),
         &format!(
@@ -180,6 +218,10 @@ fn every_batch_is_acknowledged_and_stored_once() {
     assert_eq!(
         rows_and_keys(dir, &store, "node", "node, ts", "windowed-"),
         (3 * 20, 3 * 20)
+    );
+    assert_eq!(
+        rows_and_keys(dir, &store, "gpu", "node, gpu, ts", "held-"),
+        (40, 40)
     );
     // Node names and tick spacing as asked for.
     assert_eq!(
