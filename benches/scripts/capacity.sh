@@ -17,7 +17,9 @@
 #
 #   benches/scripts/capacity.sh [AGENTS] [SECONDS] [HOUR_NODES...]   # default 2000 120 200 1000
 #   benches/scripts/capacity.sh 0 0 1000                             # compaction only
+#   benches/scripts/capacity.sh 2000 120 0                           # streams only
 #
+# LOADGEN_FLAGS go to the load generator (LOADGEN_FLAGS=--every-field).
 # HOUR_VALUES=every-field compacts hours whose rows hold every field a real
 # H100 node reports (`gputel-loadgen --every-field`) instead of the load
 # generator's default rows; HOUR_VALUES=noise, random noise.
@@ -37,7 +39,8 @@ machine
 if ((agents > 0)); then
   say "$agents agents of 8 GPUs, one tick a second each, for $seconds s, with the default alert rules"
   start_collector "$dir/streams" --rules systemd/alerts.toml
-  loadgen_run "$dir" "$agents" "$seconds" --pace
+  # shellcheck disable=SC2086 # LOADGEN_FLAGS holds several flags
+  loadgen_run "$dir" "$agents" "$seconds" --pace ${LOADGEN_FLAGS:-}
   stop_collector
   cpu=$(tv_cpu "$dir/streams/collector.time")
   cat "$dir/loadgen.out"
@@ -50,6 +53,7 @@ if ((agents > 0)); then
 fi
 
 for nodes in "${hour_nodes[@]}"; do
+  ((nodes > 0)) || continue
   hour_store "$nodes" 360 "${HOUR_VALUES:-realistic}"
   rm -rf "$dir/hour"
   cp -r "$flushed" "$dir/hour"
