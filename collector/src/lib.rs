@@ -17,6 +17,7 @@ pub mod clock;
 pub mod compact;
 pub mod config;
 pub mod flush;
+pub mod frames;
 pub mod import;
 pub mod ingest;
 pub mod log_throttle;
@@ -434,6 +435,13 @@ pub async fn serve(
     let (server_stop, mut server_stop_rx) = watch::channel(false);
     let router = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        // Each message's header apart from its body, so that tonic's buffer
+        // of each stream stays at one message (see `frames`).
+        .layer(tower::util::MapRequestLayer::new(
+            |request: http::Request<tonic::body::Body>| {
+                request.map(|body| tonic::body::Body::new(frames::MessageParts::new(body)))
+            },
+        ))
         .add_service(service);
     let stopped = async move {
         let _ = server_stop_rx.wait_for(|s| *s).await;
