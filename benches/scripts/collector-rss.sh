@@ -57,6 +57,8 @@ loadgen_run "$dir" "$agents" "$seconds" --pace ${LOADGEN_FLAGS:-}
 stop_collector
 wait "$sampler" 2>/dev/null || true
 
+# GPUTEL_BENCH_RSS_LOG=FILE keeps the samples: VmRSS, RssAnon, RssFile (KiB).
+[[ -n ${GPUTEL_BENCH_RSS_LOG:-} ]] && cp "$dir/rss.txt" "$GPUTEL_BENCH_RSS_LOG"
 line=$(cat "$dir/loadgen.out")
 values=$(sed -n 's/.* values=\([0-9]*\).*/\1/p' <<<"$line")
 cpu=$(tv_cpu "$dir/collector.time")

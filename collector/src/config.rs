@@ -28,11 +28,15 @@ pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_secs(10);
 /// The most buffered rows that start a write when `--flush-rows` is not
 /// given (fewer when the memory budget is small). A flush holds its rows in
 /// memory while they are sorted and encoded, about 0.35 KB each as Arrow
-/// columns (GPU rows are the widest); at 65 536 that is about 23 MB. Up to
-/// about 650 agents with 8 GPUs at 1 Hz the interval starts every write; a
-/// larger fleet writes every 65 536 rows, so the rows a flush holds stop
-/// growing with it (benches/README.md, "Collector memory at a fleet's pace").
-pub const MAX_DEFAULT_FLUSH_ROWS: usize = 65_536;
+/// columns (GPU rows are the widest, 0.5 KB with every field); at 49 152
+/// that is about 17 MB. Up to about 380 agents with 8 GPUs and 4 InfiniBand
+/// ports at 1 Hz (13 rows a second each) the
+/// interval starts every write; a larger fleet writes every 49 152 rows, so
+/// the rows a flush holds stop growing with it. 65 536 took a 1000-agent
+/// collector with every field to 93-103 MB at its peak, this 88-89 MB, for
+/// half as many files again in the hour not yet compacted
+/// (benches/README.md, "Collector memory at a fleet's pace").
+pub const MAX_DEFAULT_FLUSH_ROWS: usize = 49_152;
 
 /// Where Parquet files go when no store is configured.
 pub const DEFAULT_STORE: &str = "./gputel-data";
@@ -460,7 +464,7 @@ pub struct Settings {
     #[serde(default, with = "humantime_serde")]
     pub flush_interval: Option<Duration>,
     /// Buffered rows (all tables) that trigger a write before the interval ends
-    /// [default: half of --max-unwritten-rows, at most 65536].
+    /// [default: half of --max-unwritten-rows, at most 49152].
     #[arg(long, value_name = "ROWS")]
     pub flush_rows: Option<usize>,
     /// Memory the collector plans for, e.g. 4GiB: a quarter for messages
@@ -825,7 +829,7 @@ mod tests {
         assert_eq!(config.memory.budget_bytes, 8 << 30);
         assert_eq!(config.memory.max_unwritten_rows, 7_158_278);
         assert_eq!(config.memory.per_message_bytes, 512 << 20);
-        assert_eq!(config.flush_rows, 65_536);
+        assert_eq!(config.flush_rows, MAX_DEFAULT_FLUSH_ROWS);
         // A flag overrides the file; explicit row bounds override the budget.
         let config = Config::load(Cli::parse_from([
             "gputel-collector",

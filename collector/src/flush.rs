@@ -210,6 +210,10 @@ impl Flusher {
                         rejected = stats.rejected.load(Ordering::Relaxed),
                         "flushed"
                     );
+                    // The flush's rows and encoded files are freed: hand
+                    // their pages back now, before the next rows fault in
+                    // pages of their own beside them.
+                    crate::memory::return_freed_memory();
                 }
                 true
             }
