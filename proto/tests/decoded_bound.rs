@@ -54,6 +54,7 @@ fn the_bound_holds() {
     empty_rows();
     one_byte_strings_everywhere();
     a_realistic_tick_and_a_batch_sent_twice_in_one_message();
+    a_real_h200_agents_batches();
 }
 
 fn batch(batch: Batch) -> Vec<u8> {
@@ -155,4 +156,37 @@ fn a_realistic_tick_and_a_batch_sent_twice_in_one_message() {
     let twice = [once.clone(), once].concat();
     assert_eq!(census(&twice).expect("census").gpu, 16);
     assert_bounded("a batch field twice", &twice);
+}
+
+/// The batches a real agent sent on an H200 (its spool, recorded on the
+/// lent machine: tests/fixtures/README.md, `h200-recording/agent-spool/`),
+/// each as the message that carries it: the census counts the rows prost
+/// decodes, and the bound holds.
+fn a_real_h200_agents_batches() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/fixtures/h200-recording/agent-spool/spool-00000000000000000001.log"
+    );
+    let spool = std::fs::read(path).expect("the recorded spool");
+    let mut rest = spool.as_slice();
+    let mut batches = 0;
+    while !rest.is_empty() {
+        let len = u32::from_le_bytes(rest[..4].try_into().expect("4 bytes")) as usize;
+        let payload = &rest[12..12 + len];
+        rest = &rest[12 + len..];
+        let decoded = Batch::decode(payload).expect("a recorded batch decodes");
+        let message = batch(decoded.clone());
+        let counted = census(&message).expect("census");
+        assert_eq!(counted.gpu, decoded.gpu.len() as u64);
+        assert_eq!(counted.node, decoded.node.len() as u64);
+        assert_eq!((decoded.gpu.len(), decoded.node.len()), (1, 1));
+        assert_eq!(
+            decoded.seq,
+            batches + 1,
+            "sequence numbers from 1, in order"
+        );
+        assert_bounded(&format!("recorded batch {}", decoded.seq), &message);
+        batches += 1;
+    }
+    assert_eq!(batches, 100);
 }
