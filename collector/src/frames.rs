@@ -6,9 +6,10 @@
 //! whole body beyond what the buffer already holds, even when the body is
 //! already in it; and the buffer (`BytesMut`) can move what it holds to its
 //! front only when that does not overlap. So a message a little larger than
-//! the one before it, which agents send every few ticks, doubles the buffer:
-//! it settles at 3 to 5 times a message, about 14 KiB a stream with every
-//! field of 8 GPUs, 7 KiB with the load generator's rows. Handed a header
+//! the one before it, which agents send every 10th tick (the slow reads),
+//! doubles the buffer: it settles at 3 to 5 times a message, 16 KiB a
+//! stream with every field of 8 GPUs, 8 KiB with the load generator's rows
+//! (benches/README.md, "each message's header apart from its body"). Handed a header
 //! alone, tonic reserves the body's room in an empty buffer, which then moves
 //! to its front and holds one message: the buffer stays at the largest
 //! message (rounded up to a power of two from
@@ -132,10 +133,11 @@ where
     }
 
     fn size_hint(&self) -> SizeHint {
-        let mut hint = self.inner.size_hint();
+        let inner = self.inner.size_hint();
         let rest = self.rest.len() as u64;
-        hint.set_lower(hint.lower().saturating_add(rest));
-        if let Some(upper) = hint.upper() {
+        let mut hint = SizeHint::new();
+        hint.set_lower(inner.lower().saturating_add(rest));
+        if let Some(upper) = inner.upper() {
             hint.set_upper(upper.saturating_add(rest));
         }
         hint
@@ -175,6 +177,21 @@ mod tests {
     #[test]
     fn an_empty_body_ends_at_once() {
         let body = MessageParts::new(http_body_util::Empty::<Bytes>::new());
+        assert!(body.is_end_stream());
+        assert_eq!(body.size_hint().exact(), Some(0));
+    }
+
+    #[tokio::test]
+    async fn the_size_hint_counts_what_is_not_yet_handed_on() {
+        let a = message(0, b"0123456789");
+        let mut body = MessageParts::new(http_body_util::Full::new(Bytes::from(a.clone())));
+        assert_eq!(body.size_hint().exact(), Some(a.len() as u64));
+        let header = body.frame().await.expect("a part").expect("no error");
+        assert_eq!(header.into_data().expect("data").len(), HEADER_BYTES);
+        assert_eq!(body.size_hint().exact(), Some(10));
+        assert!(!body.is_end_stream());
+        let rest = body.frame().await.expect("a part").expect("no error");
+        assert_eq!(rest.into_data().expect("data"), &b"0123456789"[..]);
         assert!(body.is_end_stream());
         assert_eq!(body.size_hint().exact(), Some(0));
     }
