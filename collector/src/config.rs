@@ -30,12 +30,12 @@ pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_secs(10);
 /// memory while they are sorted and encoded, about 0.35 KB each as Arrow
 /// columns (GPU rows are the widest, 0.5 KB with every field); at 49 152
 /// that is about 17 MB. Up to about 380 agents with 8 GPUs and 4 InfiniBand
-/// ports at 1 Hz (13 rows a second each) the
-/// interval starts every write; a larger fleet writes every 49 152 rows, so
-/// the rows a flush holds stop growing with it. 65 536 took a 1000-agent
-/// collector with every field to 93-103 MB at its peak, this 88-89 MB, for
-/// half as many files again in the hour not yet compacted
-/// (benches/README.md, "Collector memory at a fleet's pace").
+/// ports at 1 Hz (13 rows a second each) the interval starts every write; a
+/// larger fleet writes every 49 152 rows, so the rows a flush holds stop
+/// growing with it. 65 536 took a 1000-agent collector with every field to
+/// 93-103 MB at its peak, this 87.5-90.6 MB, for half as many files again
+/// in the hour not yet compacted (benches/README.md, "Collector memory at a
+/// fleet's pace").
 pub const MAX_DEFAULT_FLUSH_ROWS: usize = 49_152;
 
 /// Where Parquet files go when no store is configured.

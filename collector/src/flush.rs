@@ -90,6 +90,12 @@ impl Flusher {
                 self.queue.pop_front();
             }
         }
+        if report.files > 0 {
+            // The flush's rows and encoded files are freed: hand their
+            // pages back now, before the next rows fault in pages of their
+            // own beside them.
+            crate::memory::return_freed_memory();
+        }
         Ok(report)
     }
 
@@ -210,10 +216,6 @@ impl Flusher {
                         rejected = stats.rejected.load(Ordering::Relaxed),
                         "flushed"
                     );
-                    // The flush's rows and encoded files are freed: hand
-                    // their pages back now, before the next rows fault in
-                    // pages of their own beside them.
-                    crate::memory::return_freed_memory();
                 }
                 true
             }
