@@ -18,9 +18,10 @@ use std::fs::File;
 use std::io::{BufReader, BufWriter, Write};
 use std::sync::Arc;
 
+use arrow_array::builder::StringDictionaryBuilder;
 use arrow_array::cast::AsArray;
 use arrow_array::types::Int32Type;
-use arrow_array::{Array, ArrayRef, DictionaryArray, UInt32Array};
+use arrow_array::{Array, ArrayRef, UInt32Array};
 use arrow_ipc::reader::StreamReader;
 use arrow_ipc::writer::{
     DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions, write_message,
@@ -532,53 +533,127 @@ impl Spill {
 }
 
 impl BucketRows {
-    /// The bucket's rows in the table's schema; a spill file is deleted
-    /// once read.
-    pub fn load(self, table: Table) -> Result<Vec<RecordBatch>, CompactError> {
+    /// The bucket's rows in the table's schema, a column at a time; a
+    /// spill file is deleted once read.
+    pub fn load(self, table: Table) -> Result<BucketColumns, CompactError> {
         let (path, null) = match self {
-            BucketRows::Memory(batches) => return Ok(batches),
-            BucketRows::Empty => return Ok(Vec::new()),
+            BucketRows::Memory(batches) => {
+                return Ok(BucketColumns::from_batches(table.schema(), batches));
+            }
+            BucketRows::Empty => {
+                return Ok(BucketColumns::from_batches(table.schema(), Vec::new()));
+            }
             BucketRows::File(path, null) => (path, null),
         };
         let err = |source| CompactError::Spill {
             dir: path.parent().map(Path::to_owned).unwrap_or_default(),
             source,
         };
-        let schema = table.schema();
+        let mut columns = BucketColumns::from_batches(table.schema(), Vec::new());
         let reader = StreamReader::try_new(
             BufReader::new(File::open(&path).map_err(|e| err(e.into()))?),
             None,
         )
         .map_err(err)?;
-        let mut batches = Vec::new();
         for batch in reader {
             let batch = batch.map_err(err)?;
             let mut spilled = batch.columns().iter();
-            let mut nulls = SharedNulls::default();
-            let columns = schema
-                .fields()
-                .iter()
+            // A column no file of the hour holds a value of has no parts:
+            // it is null in every row.
+            for ((parts, field), _) in columns
+                .parts
+                .iter_mut()
+                .zip(columns.schema.fields())
                 .zip(null.iter())
-                .map(|(f, &null)| match (null, f.data_type()) {
-                    (true, data_type) => Ok(nulls.of(data_type, batch.num_rows())),
-                    (false, DataType::Dictionary(_, _)) => {
-                        dictionary_of(spilled.next().expect("a column per one spilled").as_ref())
-                    }
-                    (false, _) => Ok(Arc::clone(
-                        spilled.next().expect("a column per one spilled"),
-                    )),
-                })
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(err)?;
-            let options =
-                arrow_array::RecordBatchOptions::new().with_row_count(Some(batch.num_rows()));
-            batches.push(
-                RecordBatch::try_new_with_options(Arc::clone(&schema), columns, &options)
-                    .map_err(err)?,
-            );
+                .filter(|(_, null)| !**null)
+            {
+                let part = spilled.next().expect("a column per one spilled");
+                parts.push(match field.data_type() {
+                    DataType::Dictionary(_, _) => dictionary_of(part.as_ref()).map_err(err)?,
+                    _ => Arc::clone(part),
+                });
+            }
+            columns.rows += batch.num_rows();
         }
         std::fs::remove_file(&path).map_err(|e| err(e.into()))?;
-        Ok(batches)
+        Ok(columns)
+    }
+}
+
+/// A bucket's rows, a column at a time: each column as the parts it was
+/// read in, made whole only while it is sorted by, compared or written,
+/// and freed once written. Sorting a bucket's rows needs its key columns
+/// whole; writing them, one column at a time. Held as one concatenated
+/// batch, the bucket would be in memory twice while it is concatenated,
+/// and whole until its last column is written.
+pub(super) struct BucketColumns {
+    schema: SchemaRef,
+    /// Each column's parts; none for a column null in every row.
+    parts: Vec<Vec<ArrayRef>>,
+    /// Columns made whole and kept, for sorting or comparing rows.
+    whole: Vec<Option<ArrayRef>>,
+    rows: usize,
+    nulls: SharedNulls,
+}
+
+impl BucketColumns {
+    pub fn from_batches(schema: SchemaRef, batches: Vec<RecordBatch>) -> Self {
+        let mut parts: Vec<Vec<ArrayRef>> = (0..schema.fields().len())
+            .map(|_| Vec::with_capacity(batches.len()))
+            .collect();
+        let mut rows = 0;
+        for batch in batches {
+            rows += batch.num_rows();
+            for (parts, column) in parts.iter_mut().zip(batch.columns()) {
+                parts.push(Arc::clone(column));
+            }
+        }
+        Self {
+            whole: vec![None; parts.len()],
+            schema,
+            parts,
+            rows,
+            nulls: SharedNulls::default(),
+        }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    /// Column `i` whole. A column null in every row is one array per data
+    /// type and length, shared by every such column.
+    pub fn column(&mut self, i: usize) -> Result<ArrayRef, ArrowError> {
+        if let Some(whole) = &self.whole[i] {
+            return Ok(Arc::clone(whole));
+        }
+        let parts = &self.parts[i];
+        if parts.iter().all(|a| a.null_count() == a.len()) {
+            return Ok(self.nulls.of(self.schema.field(i).data_type(), self.rows));
+        }
+        if let [part] = parts.as_slice() {
+            return Ok(Arc::clone(part));
+        }
+        let parts: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
+        arrow_select::concat::concat(&parts)
+    }
+
+    /// Column `i` whole, kept for later calls; its parts are freed.
+    pub fn keep(&mut self, i: usize) -> Result<ArrayRef, ArrowError> {
+        let whole = self.column(i)?;
+        self.whole[i] = Some(Arc::clone(&whole));
+        self.parts[i] = Vec::new();
+        Ok(whole)
+    }
+
+    /// Frees column `i`: it is not asked for again.
+    pub fn release(&mut self, i: usize) {
+        self.whole[i] = None;
+        self.parts[i] = Vec::new();
     }
 }
 
@@ -587,8 +662,14 @@ fn dictionary_of(column: &dyn Array) -> Result<ArrayRef, ArrowError> {
     let text = column
         .as_string_opt::<i32>()
         .ok_or_else(|| ArrowError::SchemaError("a spilled dictionary column is not text".into()))?;
-    let dict: DictionaryArray<Int32Type> = text.iter().collect();
-    Ok(Arc::new(dict))
+    // A spilled part is a few nodes' rows: few distinct values. The
+    // builder's default capacity (1024 keys and values) would be held by
+    // each of a bucket's hundreds of parts.
+    let distinct = text.len().min(16);
+    let mut dict =
+        StringDictionaryBuilder::<Int32Type>::with_capacity(text.len(), distinct, distinct * 32);
+    dict.extend(text.iter());
+    Ok(Arc::new(dict.finish()))
 }
 
 /// The compacted files of an hour, written one bucket at a time: each
@@ -675,17 +756,16 @@ impl Outputs {
     }
 
     /// Sorts `bucket`'s rows, keeps one per key and appends them to its file.
-    pub fn merge(&mut self, bucket: usize, batches: Vec<RecordBatch>) -> Result<(), CompactError> {
+    pub fn merge(&mut self, bucket: usize, mut rows: BucketColumns) -> Result<(), CompactError> {
         let hour = self.hour.clone();
         let merge_err = |source| CompactError::Merge {
             hour: hour.clone(),
             source,
         };
-        if batches.iter().all(|b| b.num_rows() == 0) {
+        if rows.rows() == 0 {
             return Ok(());
         }
-        let all = concat_columns(self.table.schema(), batches).map_err(merge_err)?;
-        let (keep, duplicates) = sort_unique(self.table, &all).map_err(merge_err)?;
+        let (keep, duplicates) = sort_unique(self.table, &mut rows).map_err(merge_err)?;
         self.duplicates.removed += duplicates.removed;
         self.duplicates.differing += duplicates.differing;
         let file = self.file_of[bucket];
@@ -697,7 +777,7 @@ impl Outputs {
             self.current = Some((file, writer));
         }
         let (_, writer) = self.current.as_mut().expect("opened above");
-        let appended = writer.append(&all, &keep);
+        let appended = writer.append(&mut rows, &keep);
         appended.map_err(|e| self.encode_err(file, e))
     }
 
@@ -809,14 +889,26 @@ impl ColumnarFile {
     /// group is written once it is whole. The slices the column writers are
     /// later given are the `ArrowWriter`'s: [`ENCODE_SLICE_ROWS`] from the
     /// first of `indices`, cut where a row group ends.
-    fn append(&mut self, batch: &RecordBatch, indices: &UInt32Array) -> Result<(), ParquetError> {
+    /// Each column is made whole in turn and freed once its last rows are
+    /// spilled.
+    fn append(
+        &mut self,
+        columns: &mut BucketColumns,
+        indices: &UInt32Array,
+    ) -> Result<(), ParquetError> {
         let mut start = 0;
         while start < indices.len() {
             let len = (indices.len() - start).min(self.group_rows - self.pending);
+            let last = start + len == indices.len();
             let rows = indices.slice(start, len);
             let mut nulls = SharedNulls::default();
-            for (i, column) in batch.columns().iter().enumerate() {
-                let values = rows_at(column, &rows, &mut nulls).map_err(external)?;
+            for i in 0..self.schema.fields().len() {
+                let column = columns.column(i).map_err(external)?;
+                let values = rows_at(&column, &rows, &mut nulls).map_err(external)?;
+                drop(column);
+                if last {
+                    columns.release(i);
+                }
                 self.spill(i, values).map_err(external)?;
             }
             let mut at = start;
@@ -904,37 +996,6 @@ impl ColumnarFile {
     }
 }
 
-/// The batches as one, concatenated a column at a time so that each
-/// column's parts are freed as soon as it is whole: the rows are held
-/// about once, not twice.
-fn concat_columns(schema: SchemaRef, batches: Vec<RecordBatch>) -> Result<RecordBatch, ArrowError> {
-    if batches.len() == 1 {
-        return Ok(batches.into_iter().next().expect("one batch"));
-    }
-    let mut parts: Vec<Vec<ArrayRef>> = (0..schema.fields().len())
-        .map(|_| Vec::with_capacity(batches.len()))
-        .collect();
-    for batch in batches {
-        for (i, column) in batch.columns().iter().enumerate() {
-            parts[i].push(Arc::clone(column));
-        }
-    }
-    let rows = parts.first().map_or(0, |c| c.iter().map(|a| a.len()).sum());
-    let mut nulls = SharedNulls::default();
-    let columns = parts
-        .into_iter()
-        .zip(schema.fields())
-        .map(|(column, field)| {
-            if column.iter().all(|a| a.null_count() == a.len()) {
-                return Ok(nulls.of(field.data_type(), rows));
-            }
-            let refs: Vec<&dyn Array> = column.iter().map(|a| a.as_ref()).collect();
-            arrow_select::concat::concat(&refs)
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    RecordBatch::try_new(schema, columns)
-}
-
 /// Rows a merge left out because another row had their key.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Duplicates {
@@ -967,34 +1028,36 @@ fn key_columns(table: Table, schema: &Schema) -> Result<Vec<usize>, ArrowError> 
     Ok(key)
 }
 
-/// The rows of `batch` to keep, in the table's sort order: one row per row
-/// key, the last one in `batch`, which holds the merged files in name
-/// order, so the row of the file whose name sorts last wins, the same one
-/// in every run.
+/// The rows of a bucket to keep, in the table's sort order: one row per
+/// row key, the last one in the bucket, which holds the merged files in
+/// name order, so the row of the file whose name sorts last wins, the same
+/// one in every run. The key columns are kept whole for the bucket's
+/// writing; the others are made whole only when a key repeats.
 pub(super) fn sort_unique(
     table: Table,
-    batch: &RecordBatch,
+    rows: &mut BucketColumns,
 ) -> Result<(UInt32Array, Duplicates), ArrowError> {
-    let schema = batch.schema();
+    let schema = Arc::clone(rows.schema());
     let key = key_columns(table, &schema)?;
     // Equal keys stay in batch order.
-    let key_values: Vec<ArrayRef> = key.iter().map(|&i| Arc::clone(batch.column(i))).collect();
+    let key_values: Vec<ArrayRef> = key
+        .iter()
+        .map(|&i| rows.keep(i))
+        .collect::<Result<_, _>>()?;
     let sorted = crate::sort::sorted_indices(&key_values)?;
     let order = sorted.values();
 
-    let comparators = |columns: &mut dyn Iterator<Item = usize>| {
+    let comparators = |columns: &[ArrayRef]| {
         columns
-            .map(|i| {
-                let column: &dyn Array = batch.column(i).as_ref();
-                make_comparator(column, column, SortOptions::default())
-            })
+            .iter()
+            .map(|column| make_comparator(column.as_ref(), column.as_ref(), SortOptions::default()))
             .collect::<Result<Vec<DynComparator>, ArrowError>>()
     };
     let same = |compare: &[DynComparator], a: u32, b: u32| {
         compare.iter().all(|c| c(a as usize, b as usize).is_eq())
     };
-    let by_key = comparators(&mut key.iter().copied())?;
-    // The other columns, compared only when a key repeats.
+    let by_key = comparators(&key_values)?;
+    // The other columns, made whole and compared only when a key repeats.
     let mut by_value: Option<Vec<DynComparator>> = None;
     let mut duplicates = Duplicates::default();
     let mut keep: Vec<u32> = Vec::with_capacity(order.len());
@@ -1009,9 +1072,13 @@ pub(super) fn sort_unique(
         if end - start > 1 {
             let by_value = match &mut by_value {
                 Some(c) => c,
-                None => by_value.insert(comparators(
-                    &mut (0..schema.fields().len()).filter(|i| !key.contains(i)),
-                )?),
+                None => {
+                    let values = (0..schema.fields().len())
+                        .filter(|i| !key.contains(i))
+                        .map(|i| rows.keep(i))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    by_value.insert(comparators(&values)?)
+                }
             };
             for &dropped in &order[start..end - 1] {
                 duplicates.removed += 1;
@@ -1034,6 +1101,16 @@ mod tests {
     use super::*;
 
     const T0: i64 = 1_795_240_800_000_000;
+
+    impl BucketColumns {
+        /// Every column whole, as one batch.
+        fn into_batch(mut self) -> RecordBatch {
+            let columns = (0..self.schema.fields().len())
+                .map(|i| self.column(i).unwrap())
+                .collect();
+            RecordBatch::try_new(Arc::clone(&self.schema), columns).unwrap()
+        }
+    }
     const S: i64 = 1_000_000;
 
     fn gpu(gpu: u32, ts_us: i64, mig: Option<u32>, temperature_c: u32) -> GpuSample {
@@ -1074,7 +1151,10 @@ mod tests {
         let batch = RecordBatch::try_new(Table::Gpu.schema(), rows.finish()).unwrap();
         assert_eq!(batch.num_rows(), 9);
 
-        let (keep, duplicates) = sort_unique(Table::Gpu, &batch).unwrap();
+        // The two files' rows as two parts, as a bucket reads them.
+        let mut parts =
+            BucketColumns::from_batches(batch.schema(), vec![batch.slice(0, 5), batch.slice(5, 4)]);
+        let (keep, duplicates) = sort_unique(Table::Gpu, &mut parts).unwrap();
         let unique = take_record_batch(&batch, &keep).unwrap();
         assert_eq!(
             duplicates,
@@ -1124,7 +1204,8 @@ mod tests {
             rows.push("n1", &EventSource::Gpu(&e));
         }
         let batch = RecordBatch::try_new(Table::Event.schema(), rows.finish()).unwrap();
-        let (keep, duplicates) = sort_unique(Table::Event, &batch).unwrap();
+        let mut parts = BucketColumns::from_batches(batch.schema(), vec![batch.clone()]);
+        let (keep, duplicates) = sort_unique(Table::Event, &mut parts).unwrap();
         let unique = take_record_batch(&batch, &keep).unwrap();
         assert_eq!(
             duplicates,
@@ -1233,14 +1314,13 @@ mod tests {
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 3);
         let mut got = Vec::new();
         for bucket in rows {
-            let batches = bucket.load(Table::Gpu).unwrap();
-            assert!(batches.iter().all(|b| b.schema() == Table::Gpu.schema()));
-            assert!(
-                batches
-                    .iter()
-                    .all(|b| b.column(power).null_count() == b.num_rows())
-            );
-            got.push(batches.iter().flat_map(node_ticks).collect::<Vec<_>>());
+            let columns = bucket.load(Table::Gpu).unwrap();
+            // The null column holds nothing, not a null array per part.
+            assert!(columns.parts[power].is_empty());
+            let batch = columns.into_batch();
+            assert_eq!(batch.schema(), Table::Gpu.schema());
+            assert_eq!(batch.column(power).null_count(), batch.num_rows());
+            got.push(node_ticks(&batch));
         }
         assert_eq!(
             got,
@@ -1285,8 +1365,13 @@ mod tests {
             ArrowWriter::try_new(Vec::new(), Table::Gpu.schema(), Some(props)).unwrap();
         for (node, temperature) in [("n1", 40), ("n2", 50), ("n3", 60)] {
             let rows = bucket(node, temperature);
-            let (keep, _) = sort_unique(Table::Gpu, &rows).unwrap();
-            columnar.append(&rows, &keep).unwrap();
+            // The bucket in parts, as read from its spill file.
+            let mut parts = BucketColumns::from_batches(
+                rows.schema(),
+                vec![rows.slice(0, 5000), rows.slice(5000, 7000)],
+            );
+            let (keep, _) = sort_unique(Table::Gpu, &mut parts).unwrap();
+            columnar.append(&mut parts, &keep).unwrap();
             crate::persist::write_in_order(&mut reference, &rows, &keep, ParquetError::from, |e| e)
                 .unwrap();
         }
@@ -1328,7 +1413,7 @@ mod tests {
             batch(&[gpu(0, T0, None, 40), gpu(0, T0 + S, None, 41)]),
             batch(&[gpu(0, T0, Some(1), 42)]),
         ];
-        let all = concat_columns(Table::Gpu.schema(), parts).unwrap();
+        let all = BucketColumns::from_batches(Table::Gpu.schema(), parts).into_batch();
         let column = |name: &str| all.column_by_name(name).unwrap();
         for name in ["power_mw", "power_limit_mw", "power_avg_mw"] {
             assert_eq!(column(name).data_type(), &DataType::Int64);
@@ -1379,11 +1464,14 @@ mod tests {
             gpu_batch(&[("n1", 2), ("n1", 0)]),
             gpu_batch(&[("n1", 1), ("n1", 0)]),
         ];
-        outputs.merge(0, first).unwrap();
+        let bucket = |batches| BucketColumns::from_batches(Table::Gpu.schema(), batches);
+        outputs.merge(0, bucket(first)).unwrap();
         outputs
-            .merge(1, vec![gpu_batch(&[("n2", 1), ("n2", 0)])])
+            .merge(1, bucket(vec![gpu_batch(&[("n2", 1), ("n2", 0)])]))
             .unwrap();
-        outputs.merge(2, vec![gpu_batch(&[("n3", 0)])]).unwrap();
+        outputs
+            .merge(2, bucket(vec![gpu_batch(&[("n3", 0)])]))
+            .unwrap();
         let (files, duplicates) = outputs.finish().unwrap();
         assert_eq!(
             duplicates,

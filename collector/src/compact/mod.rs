@@ -612,8 +612,8 @@ async fn compact_hour(
         let buckets = off_runtime(move || spill.finish()).await?;
         for (index, rows) in buckets.into_iter().enumerate() {
             outputs = off_runtime(move || {
-                let batches = rows.load(table)?;
-                outputs.merge(index, batches)?;
+                let columns = rows.load(table)?;
+                outputs.merge(index, columns)?;
                 // The range's rows are freed; the next range takes as much.
                 return_freed_memory();
                 Ok::<_, CompactError>(outputs)
