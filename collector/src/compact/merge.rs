@@ -14,14 +14,15 @@
 //! one bucket's rows and one column's writer, whatever the size of the hour
 //! or the fleet.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Write};
 use std::sync::Arc;
 
-use arrow_array::builder::StringDictionaryBuilder;
+use arrow_array::builder::{Int32Builder, StringBuilder, StringDictionaryBuilder};
 use arrow_array::cast::AsArray;
 use arrow_array::types::Int32Type;
-use arrow_array::{Array, ArrayRef, UInt32Array};
+use arrow_array::{Array, ArrayRef, DictionaryArray, UInt32Array};
 use arrow_ipc::reader::StreamReader;
 use arrow_ipc::writer::{
     DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions, write_message,
@@ -638,6 +639,9 @@ impl BucketColumns {
         if let [part] = parts.as_slice() {
             return Ok(Arc::clone(part));
         }
+        if let DataType::Dictionary(_, _) = self.schema.field(i).data_type() {
+            return merged_dictionary(parts);
+        }
         let parts: Vec<&dyn Array> = parts.iter().map(|a| a.as_ref()).collect();
         arrow_select::concat::concat(&parts)
     }
@@ -655,6 +659,44 @@ impl BucketColumns {
         self.whole[i] = None;
         self.parts[i] = Vec::new();
     }
+}
+
+/// Dictionary-encoded text parts as one array with one dictionary of their
+/// distinct values. Arrow's `concat` appends the parts' dictionaries one
+/// after the other (a bucket's hundreds of parts repeat the same few
+/// nodes, models and jobs), and every spilled slice of the column would
+/// carry that whole dictionary.
+fn merged_dictionary(parts: &[ArrayRef]) -> Result<ArrayRef, ArrowError> {
+    let not_text = || ArrowError::SchemaError("a dictionary column is not of text".into());
+    let rows = parts.iter().map(|p| p.len()).sum();
+    let mut keys = Int32Builder::with_capacity(rows);
+    let mut values = StringBuilder::new();
+    let mut index: HashMap<&str, i32> = HashMap::new();
+    for part in parts {
+        let dict = part.as_dictionary_opt::<Int32Type>().ok_or_else(not_text)?;
+        let part_values = dict.values().as_string_opt::<i32>().ok_or_else(not_text)?;
+        // The merged key of each of the part's values.
+        let mut merged = Vec::with_capacity(part_values.len());
+        for value in part_values.iter() {
+            merged.push(match value {
+                Some(value) => {
+                    let next = i32::try_from(index.len()).map_err(|_| {
+                        ArrowError::ComputeError("too many distinct values".into())
+                    })?;
+                    Some(*index.entry(value).or_insert_with(|| {
+                        values.append_value(value);
+                        next
+                    }))
+                }
+                None => None,
+            });
+        }
+        for key in dict.keys() {
+            keys.append_option(key.and_then(|k| merged[k as usize]));
+        }
+    }
+    let dict = DictionaryArray::try_new(keys.finish(), Arc::new(values.finish()))?;
+    Ok(Arc::new(dict))
 }
 
 /// A text column dictionary-encoded again, as the table's schema has it.
@@ -813,8 +855,9 @@ impl Outputs {
 
 /// A compacted file written a column at a time. A bucket's rows go to
 /// their row group's spill files, one per column (Arrow IPC, zstd level 1,
-/// text instead of dictionaries; a column's rows of a bucket one message,
-/// since arrow-ipc makes a zstd context for every message it reads); once
+/// a text column as a dictionary of the bucket's distinct values,
+/// [`merged_dictionary`]; a column's rows of a bucket one message, since
+/// arrow-ipc makes a zstd context for every message it reads); once
 /// the group has its rows, each column is encoded from its spill file by a
 /// writer of its own, which is closed into the group before the next is
 /// made. Parquet's `ArrowWriter` would keep every column's unfinished page,
@@ -831,7 +874,7 @@ struct ColumnarFile {
     dir: PathBuf,
     /// Each column's spill file for the current group, opened by its first rows.
     columns: Vec<Option<IpcSpill>>,
-    /// The spill files' schemas: the column alone, a dictionary as text.
+    /// The spill files' schemas: the column alone.
     spilled: Vec<SchemaRef>,
     context: IpcWriteContext,
     options: IpcWriteOptions,
@@ -866,7 +909,7 @@ impl ColumnarFile {
         let spilled = schema
             .fields()
             .iter()
-            .map(|f| Arc::new(Schema::new(vec![text_field(f)])))
+            .map(|f| Arc::new(Schema::new(vec![Arc::clone(f)])))
             .collect();
         let options = spill_options().map_err(external)?;
         Ok(Self {
@@ -928,8 +971,7 @@ impl ColumnarFile {
     }
 
     fn spill(&mut self, column: usize, values: ArrayRef) -> Result<(), ArrowError> {
-        let rows =
-            RecordBatch::try_new(Arc::clone(&self.spilled[column]), vec![as_text(&values)?])?;
+        let rows = RecordBatch::try_new(Arc::clone(&self.spilled[column]), vec![values])?;
         let file = match &mut self.columns[column] {
             Some(file) => file,
             None => self.columns[column].insert(IpcSpill::create(
@@ -967,14 +1009,7 @@ impl ColumnarFile {
                     let len = *slices.next().ok_or_else(|| {
                         ParquetError::General(format!("more rows of {} than spilled", field.name()))
                     })?;
-                    let slice = column.slice(at, len);
-                    let slice = match field.data_type() {
-                        DataType::Dictionary(_, _) => {
-                            dictionary_of(slice.as_ref()).map_err(external)?
-                        }
-                        _ => slice,
-                    };
-                    chunk.write(&slice)?;
+                    chunk.write(&column.slice(at, len))?;
                     at += len;
                 }
             }
@@ -1434,6 +1469,39 @@ mod tests {
         assert_eq!(
             temperature.iter().collect::<Vec<_>>(),
             [Some(40), Some(41), Some(42)]
+        );
+    }
+
+    /// Dictionary parts become one column with one dictionary of their
+    /// distinct values, the same text row by row, nulls kept.
+    #[test]
+    fn dictionary_parts_merge_into_one_dictionary_of_distinct_values() {
+        let part = |values: &[Option<&str>]| -> ArrayRef {
+            let text = arrow_array::StringArray::from(values.to_vec());
+            dictionary_of(&text).unwrap()
+        };
+        let parts = [
+            part(&[Some("n1"), Some("n2"), None, Some("n1")]),
+            part(&[Some("n2"), Some("n3")]),
+            part(&[None, Some("n1")]),
+        ];
+        let merged = merged_dictionary(&parts).unwrap();
+        let dict = merged.as_dictionary::<Int32Type>();
+        assert_eq!(dict.values().len(), 3);
+        let text = as_text(&merged).unwrap();
+        let rows: Vec<Option<&str>> = text.as_string::<i32>().iter().collect();
+        assert_eq!(
+            rows,
+            [
+                Some("n1"),
+                Some("n2"),
+                None,
+                Some("n1"),
+                Some("n2"),
+                Some("n3"),
+                None,
+                Some("n1")
+            ]
         );
     }
 
