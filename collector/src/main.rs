@@ -48,9 +48,69 @@ fn purge_freed_pages() {
     debug_assert_eq!(failed, 0, "jemalloc refused to purge");
 }
 
+/// Runs `work` with this thread's allocations in an arena of their own,
+/// made at the first call (`arenas.create`), then back in the arena it had.
+#[cfg(not(feature = "system-allocator"))]
+fn in_own_arena(work: &mut dyn FnMut()) {
+    use std::sync::OnceLock;
+    static ARENA: OnceLock<Option<u32>> = OnceLock::new();
+    let arena = *ARENA.get_or_init(|| {
+        let mut arena: u32 = 0;
+        let mut len = std::mem::size_of::<u32>();
+        // SAFETY: `arenas.create` writes the new arena's index, a u32, to
+        // `arena`, whose size `len` gives.
+        let failed = unsafe {
+            tikv_jemalloc_sys::mallctl(
+                c"arenas.create".as_ptr(),
+                (&raw mut arena).cast(),
+                &raw mut len,
+                std::ptr::null_mut(),
+                0,
+            )
+        };
+        (failed == 0).then_some(arena)
+    });
+    let Some(mut arena) = arena else {
+        return work();
+    };
+    // Swaps this thread's arena with `arena`.
+    let swap = |arena: &mut u32| {
+        let mut old: u32 = 0;
+        let mut len = std::mem::size_of::<u32>();
+        // SAFETY: `thread.arena` reads and writes a u32 arena index.
+        let failed = unsafe {
+            tikv_jemalloc_sys::mallctl(
+                c"thread.arena".as_ptr(),
+                (&raw mut old).cast(),
+                &raw mut len,
+                (arena as *mut u32).cast(),
+                std::mem::size_of::<u32>(),
+            )
+        };
+        if failed == 0 {
+            *arena = old;
+        }
+        failed == 0
+    };
+    struct Back<F: FnMut(&mut u32) -> bool>(u32, F);
+    impl<F: FnMut(&mut u32) -> bool> Drop for Back<F> {
+        fn drop(&mut self) {
+            (self.1)(&mut self.0);
+        }
+    }
+    if !swap(&mut arena) {
+        return work();
+    }
+    let _back = Back(arena, swap);
+    work();
+}
+
 fn main() -> ExitCode {
     #[cfg(not(feature = "system-allocator"))]
-    gputel_collector::memory::set_return_freed(purge_freed_pages);
+    {
+        gputel_collector::memory::set_return_freed(purge_freed_pages);
+        gputel_collector::memory::set_apart(in_own_arena);
+    }
     gputel_runtime::report::exit("gputel-collector", run().map_err(Into::into))
 }
 

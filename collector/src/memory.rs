@@ -36,6 +36,32 @@ pub fn return_freed_memory() {
     }
 }
 
+/// How the process's allocator runs a piece of work in memory of its own;
+/// set by the binary, which chose the allocator.
+static APART: OnceLock<fn(&mut dyn FnMut())> = OnceLock::new();
+
+/// Tells [`apart`] how to run work in memory of its own; the first call
+/// counts.
+pub fn set_apart(apart: fn(&mut dyn FnMut())) {
+    let _ = APART.set(apart);
+}
+
+/// Runs `work` on this thread with its allocations in memory of their own
+/// (a jemalloc arena that nothing else allocates from), for work that
+/// allocates and frees a lot beside the write path, such as compaction:
+/// in one arena the write path's long-lived buffers end up scattered over
+/// pages that compaction's freed memory cannot then be returned from. Runs
+/// `work` as it is unless the binary set [`set_apart`].
+pub fn apart<T>(work: impl FnOnce() -> T) -> T {
+    let Some(apart) = APART.get() else {
+        return work();
+    };
+    let mut work = Some(work);
+    let mut out = None;
+    apart(&mut || out = work.take().map(|work| work()));
+    out.expect("the work ran")
+}
+
 /// The budget when none is given.
 pub const DEFAULT_BUDGET_BYTES: u64 = 1 << 30;
 
@@ -86,6 +112,18 @@ impl Default for MemoryPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Work run apart runs once and gives its value back, set or not (the
+    /// library's tests run without the binary's allocator).
+    #[test]
+    fn work_run_apart_gives_its_value() {
+        let mut runs = 0;
+        let value = apart(|| {
+            runs += 1;
+            vec![1, 2, 3]
+        });
+        assert_eq!((value, runs), (vec![1, 2, 3], 1));
+    }
 
     #[test]
     fn the_shares_add_up_to_less_than_the_budget() {

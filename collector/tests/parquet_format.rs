@@ -982,6 +982,14 @@ async fn an_hour_too_large_to_sort_at_once_loses_every_duplicate() {
         RETURNED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     });
     let returned_before = RETURNED.load(std::sync::atomic::Ordering::SeqCst);
+    // Each file's census and reading and each range's merge run apart
+    // from the write path's memory.
+    static APART: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    gputel_collector::memory::set_apart(|work| {
+        APART.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        work();
+    });
+    let apart_before = APART.load(std::sync::atomic::Ordering::SeqCst);
     let mut lease = lease(&store).await;
     let report = compact::compact(&store, NOW + 7_200_000_000, &options, &mut lease)
         .await
@@ -990,6 +998,11 @@ async fn an_hour_too_large_to_sort_at_once_loses_every_duplicate() {
     assert!(
         returned >= 6,
         "freed memory handed back {returned} times for 6 ranges"
+    );
+    let apart = APART.load(std::sync::atomic::Ordering::SeqCst) - apart_before;
+    assert!(
+        apart >= 3 + 3 + 6,
+        "work run apart {apart} times for 3 files read twice and 6 ranges"
     );
     assert_eq!(
         (report.hours, report.files_in, report.rows, report.files_out),
@@ -1097,6 +1110,40 @@ async fn an_hour_too_large_to_sort_at_once_loses_every_duplicate() {
         .await
         .expect("compaction");
     assert_eq!((again.hours, again.files_in), (0, 0));
+
+    // The binary, with its allocator's arena for compaction, merges the
+    // same three files into one of the hour's 2160 keys.
+    let other = tempfile::tempdir().expect("tempdir");
+    let other_store = gputel_collector::store::open_store(
+        other.path().to_str().expect("utf-8 temp path"),
+        &Default::default(),
+    )
+    .expect("open store");
+    for (stem, ticks, temperature) in [
+        ("a1-0000000000000001", 0..180, 40),
+        ("b2-0000000000000001", 90..180, 50),
+        ("c3-0000000000000001", 0..30, 60),
+    ] {
+        let (_, key, rows) = gpu_rows(ticks, temperature);
+        let path = PartitionPath::new(Table::Gpu, key, stem).expect("stem");
+        write_file(&other_store, &path, &rows).await.expect("write");
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_gputel-collector"))
+        .args(["compact", "--table", "gpu", "--store"])
+        .arg(other.path())
+        .output()
+        .expect("run gputel-collector compact");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.starts_with("compacted 1 hours (3 files, 3600 rows"),
+        "{stdout}"
+    );
+    assert_eq!(rows_in(other.path(), "gpu", "hour=06"), (1, 2160));
 }
 
 /// The `node` column of a batch, as text.

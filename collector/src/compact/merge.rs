@@ -680,9 +680,8 @@ fn merged_dictionary(parts: &[ArrayRef]) -> Result<ArrayRef, ArrowError> {
         for value in part_values.iter() {
             merged.push(match value {
                 Some(value) => {
-                    let next = i32::try_from(index.len()).map_err(|_| {
-                        ArrowError::ComputeError("too many distinct values".into())
-                    })?;
+                    let next = i32::try_from(index.len())
+                        .map_err(|_| ArrowError::ComputeError("too many distinct values".into()))?;
                     Some(*index.entry(value).or_insert_with(|| {
                         values.append_value(value);
                         next

@@ -40,7 +40,7 @@ use parquet::errors::ParquetError;
 use tracing::{info, warn};
 use twox_hash::XxHash64;
 
-use crate::memory::return_freed_memory;
+use crate::memory::{apart, return_freed_memory};
 use crate::persist::{
     MAX_COMPACTED_FILE_ROWS, MAX_MERGE_ROWS, PersistError, compacted_properties, off_runtime,
     put_file,
@@ -511,7 +511,7 @@ async fn compact_hour(
                 continue;
             }
         }
-        let census = off_runtime(move || census(table, &name, bytes)).await?;
+        let census = off_runtime(move || apart(|| census(table, &name, bytes))).await?;
         let Some(census) = census else {
             warn!(file = %source.path, "schema differs from the table's; hour {hour} left as it is");
             report.hours_skipped += 1;
@@ -604,16 +604,15 @@ async fn compact_hour(
                 return Ok(());
             }
             spill = off_runtime(move || {
-                decode(table, &name, bytes, |batch| spill.add(batch))?;
+                apart(|| decode(table, &name, bytes, |batch| spill.add(batch)))?;
                 Ok::<_, CompactError>(spill)
             })
             .await?;
         }
-        let buckets = off_runtime(move || spill.finish()).await?;
+        let buckets = off_runtime(move || apart(|| spill.finish())).await?;
         for (index, rows) in buckets.into_iter().enumerate() {
             outputs = off_runtime(move || {
-                let columns = rows.load(table)?;
-                outputs.merge(index, columns)?;
+                apart(|| outputs.merge(index, rows.load(table)?))?;
                 // The range's rows are freed; the next range takes as much.
                 return_freed_memory();
                 Ok::<_, CompactError>(outputs)
@@ -621,7 +620,7 @@ async fn compact_hour(
             .await?;
         }
     }
-    let (outputs, duplicates) = off_runtime(move || outputs.finish()).await?;
+    let (outputs, duplicates) = off_runtime(move || apart(|| outputs.finish())).await?;
     drop(spill_dir);
 
     // Each merged file's marker: its hash and the compacted file holding
