@@ -146,7 +146,7 @@ impl WalDir {
                   A large hour is merged a range of nodes at a time, its rows spilled to \
                   temporary files meanwhile: under the store's .compacting/ for a local \
                   store, else under $TMPDIR (about 1.7 times the hour's bytes at most; \
-                  memory stays about 0.25 GB).\n\n\
+                  memory stays about 50 MB).\n\n\
                   One compactor per store at a time: the store's compaction lease (a lock \
                   file at a local store's root; on S3 an object taken and renewed by \
                   conditional writes, _gputel/compaction.lease) is held for the round. When \

@@ -90,11 +90,13 @@ pub const COMPACTED_PAGE_BYTES: usize = 16 << 20;
 pub const COMPACTED_PAGE_ROWS: usize = 1 << 17;
 /// Most rows compaction sorts in memory at once: a range of nodes (of job
 /// ids for the `job` table) whose rows an hour's files hold at most this
-/// many of (`compact::merge`): two nodes' `gpu` hour at 1 Hz. A decoded
-/// `gpu` row with every field is about 0.5 KB: 33 MB. Half of 2^17, which
-/// took 22-38 MB more at the peak for 9 % less CPU (benches/README.md,
-/// "Capacity").
-pub const MAX_MERGE_ROWS: usize = 1 << 16;
+/// many of (`compact::merge`): one node's `gpu` hour at 1 Hz (8 GPUs,
+/// 28 800 rows). A decoded `gpu` row with every field is about 0.5 KB, and
+/// a range is held a column at a time. 2^16 took about 5 MB more at the
+/// peak of a 1000-agent collector compacting an hour, for 10-15 % less of
+/// compaction's CPU; 2^17, 22-38 MB more for 9 % less (benches/README.md,
+/// "Collector memory at a fleet's pace" and "Capacity").
+pub const MAX_MERGE_ROWS: usize = 1 << 15;
 /// Most rows in one compacted file; an hour with more becomes several,
 /// split between nodes. Object stores receive a file in one upload, read
 /// back into memory: at 2 M rows a file is 10-20 MB, still two of DuckDB's

@@ -939,11 +939,12 @@ async fn an_hour_too_large_to_sort_at_once_loses_every_duplicate() {
     // Three collectors' files: the whole hour, its second half again, and
     // its first 30 ticks a third time; per node 360 + 180 + 60 rows, 360
     // keys.
-    for (stem, ticks, temperature) in [
+    let inputs = [
         ("a1-0000000000000001", 0..180, 40),
         ("b2-0000000000000001", 90..180, 50),
         ("c3-0000000000000001", 0..30, 60),
-    ] {
+    ];
+    for (stem, ticks, temperature) in inputs.clone() {
         let (_, key, rows) = gpu_rows(ticks, temperature);
         let path = PartitionPath::new(Table::Gpu, key, stem).expect("stem");
         write_file(&store, &path, &rows).await.expect("write");
@@ -1119,11 +1120,7 @@ async fn an_hour_too_large_to_sort_at_once_loses_every_duplicate() {
         &Default::default(),
     )
     .expect("open store");
-    for (stem, ticks, temperature) in [
-        ("a1-0000000000000001", 0..180, 40),
-        ("b2-0000000000000001", 90..180, 50),
-        ("c3-0000000000000001", 0..30, 60),
-    ] {
+    for (stem, ticks, temperature) in inputs {
         let (_, key, rows) = gpu_rows(ticks, temperature);
         let path = PartitionPath::new(Table::Gpu, key, stem).expect("stem");
         write_file(&other_store, &path, &rows).await.expect("write");
