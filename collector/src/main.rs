@@ -48,60 +48,48 @@ fn purge_freed_pages() {
     debug_assert_eq!(failed, 0, "jemalloc refused to purge");
 }
 
+/// Reads the u32 jemalloc control `name`, writing `new` to it when given;
+/// None when jemalloc refuses.
+#[cfg(not(feature = "system-allocator"))]
+fn mallctl_u32(name: &std::ffi::CStr, new: Option<u32>) -> Option<u32> {
+    let mut old: u32 = 0;
+    let mut len = std::mem::size_of::<u32>();
+    let mut new = new;
+    let (new_ptr, new_len) = match &mut new {
+        Some(new) => ((new as *mut u32).cast(), std::mem::size_of::<u32>()),
+        None => (std::ptr::null_mut(), 0),
+    };
+    // SAFETY: `name` is NUL-terminated; the control reads and writes a u32
+    // (`arenas.create`, `thread.arena`), whose size `len` and `new_len` give.
+    let failed = unsafe {
+        tikv_jemalloc_sys::mallctl(
+            name.as_ptr(),
+            (&raw mut old).cast(),
+            &raw mut len,
+            new_ptr,
+            new_len,
+        )
+    };
+    (failed == 0).then_some(old)
+}
+
 /// Runs `work` with this thread's allocations in an arena of their own,
 /// made at the first call (`arenas.create`), then back in the arena it had.
 #[cfg(not(feature = "system-allocator"))]
 fn in_own_arena(work: &mut dyn FnMut()) {
-    use std::sync::OnceLock;
-    static ARENA: OnceLock<Option<u32>> = OnceLock::new();
-    let arena = *ARENA.get_or_init(|| {
-        let mut arena: u32 = 0;
-        let mut len = std::mem::size_of::<u32>();
-        // SAFETY: `arenas.create` writes the new arena's index, a u32, to
-        // `arena`, whose size `len` gives.
-        let failed = unsafe {
-            tikv_jemalloc_sys::mallctl(
-                c"arenas.create".as_ptr(),
-                (&raw mut arena).cast(),
-                &raw mut len,
-                std::ptr::null_mut(),
-                0,
-            )
-        };
-        (failed == 0).then_some(arena)
-    });
-    let Some(mut arena) = arena else {
+    static ARENA: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    let arena = *ARENA.get_or_init(|| mallctl_u32(c"arenas.create", None));
+    let Some(previous) = arena.and_then(|arena| mallctl_u32(c"thread.arena", Some(arena))) else {
         return work();
     };
-    // Swaps this thread's arena with `arena`.
-    let swap = |arena: &mut u32| {
-        let mut old: u32 = 0;
-        let mut len = std::mem::size_of::<u32>();
-        // SAFETY: `thread.arena` reads and writes a u32 arena index.
-        let failed = unsafe {
-            tikv_jemalloc_sys::mallctl(
-                c"thread.arena".as_ptr(),
-                (&raw mut old).cast(),
-                &raw mut len,
-                (arena as *mut u32).cast(),
-                std::mem::size_of::<u32>(),
-            )
-        };
-        if failed == 0 {
-            *arena = old;
-        }
-        failed == 0
-    };
-    struct Back<F: FnMut(&mut u32) -> bool>(u32, F);
-    impl<F: FnMut(&mut u32) -> bool> Drop for Back<F> {
+    /// Puts the thread back in its arena, also when `work` panics.
+    struct Back(u32);
+    impl Drop for Back {
         fn drop(&mut self) {
-            (self.1)(&mut self.0);
+            mallctl_u32(c"thread.arena", Some(self.0));
         }
     }
-    if !swap(&mut arena) {
-        return work();
-    }
-    let _back = Back(arena, swap);
+    let _back = Back(previous);
     work();
 }
 

@@ -930,9 +930,9 @@ impl ColumnarFile {
     /// of the current row group are one message of its spill file, and the
     /// group is written once it is whole. The slices the column writers are
     /// later given are the `ArrowWriter`'s: [`ENCODE_SLICE_ROWS`] from the
-    /// first of `indices`, cut where a row group ends.
-    /// Each column is made whole in turn and freed once its last rows are
-    /// spilled.
+    /// first of `indices`, cut where a row group ends. Each column is made
+    /// whole in turn (again for the next group when the rows span two) and
+    /// freed once its last rows are spilled.
     fn append(
         &mut self,
         columns: &mut BucketColumns,
@@ -1135,6 +1135,7 @@ mod tests {
     use super::*;
 
     const T0: i64 = 1_795_240_800_000_000;
+    const S: i64 = 1_000_000;
 
     impl BucketColumns {
         /// Every column whole, as one batch.
@@ -1145,7 +1146,6 @@ mod tests {
             RecordBatch::try_new(Arc::clone(&self.schema), columns).unwrap()
         }
     }
-    const S: i64 = 1_000_000;
 
     fn gpu(gpu: u32, ts_us: i64, mig: Option<u32>, temperature_c: u32) -> GpuSample {
         GpuSample {

@@ -438,6 +438,12 @@ fn unreleased(stem: &str, unreleased_of: &Option<(String, u64)>) -> bool {
     collector == id && first.parse::<u64>().is_ok_and(|f| f > *released_through)
 }
 
+/// Compaction's CPU-bound work, off the runtime's worker threads
+/// ([`off_runtime`]) and in memory apart from the write path's ([`apart`]).
+async fn off_runtime_apart<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+    off_runtime(move || apart(work)).await
+}
+
 async fn compact_hour(
     store: &Store,
     table: Table,
@@ -511,7 +517,7 @@ async fn compact_hour(
                 continue;
             }
         }
-        let census = off_runtime(move || apart(|| census(table, &name, bytes))).await?;
+        let census = off_runtime_apart(move || census(table, &name, bytes)).await?;
         let Some(census) = census else {
             warn!(file = %source.path, "schema differs from the table's; hour {hour} left as it is");
             report.hours_skipped += 1;
@@ -603,16 +609,16 @@ async fn compact_hour(
                 report.hours_skipped += 1;
                 return Ok(());
             }
-            spill = off_runtime(move || {
-                apart(|| decode(table, &name, bytes, |batch| spill.add(batch)))?;
+            spill = off_runtime_apart(move || {
+                decode(table, &name, bytes, |batch| spill.add(batch))?;
                 Ok::<_, CompactError>(spill)
             })
             .await?;
         }
-        let buckets = off_runtime(move || apart(|| spill.finish())).await?;
+        let buckets = off_runtime_apart(move || spill.finish()).await?;
         for (index, rows) in buckets.into_iter().enumerate() {
-            outputs = off_runtime(move || {
-                apart(|| outputs.merge(index, rows.load(table)?))?;
+            outputs = off_runtime_apart(move || {
+                outputs.merge(index, rows.load(table)?)?;
                 // The range's rows are freed; the next range takes as much.
                 return_freed_memory();
                 Ok::<_, CompactError>(outputs)
@@ -620,7 +626,7 @@ async fn compact_hour(
             .await?;
         }
     }
-    let (outputs, duplicates) = off_runtime(move || apart(|| outputs.finish())).await?;
+    let (outputs, duplicates) = off_runtime_apart(move || outputs.finish()).await?;
     drop(spill_dir);
 
     // Each merged file's marker: its hash and the compacted file holding
