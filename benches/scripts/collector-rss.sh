@@ -20,6 +20,10 @@
 # the collector a --compact-interval shorter than SECONDS, e.g.
 #
 #   SEED_HOUR_NODES=1000 benches/scripts/collector-rss.sh 1000 150 --compact-interval 30s
+#
+# SEED_HOUR_VALUES=every-field seeds an hour of rows with every field a
+# real H100 node reports (`hour_store`'s VALUES), to go with
+# LOADGEN_FLAGS=--every-field.
 cd "$(dirname "$0")/../.."
 source benches/scripts/common.sh
 
@@ -32,7 +36,7 @@ trap 'set +e; pkill -P "${COLLECTOR_PID:-0}"; rm -rf "$dir"; true' EXIT
 
 machine
 if [[ -n ${SEED_HOUR_NODES:-} ]]; then
-  hour_store "$SEED_HOUR_NODES" 360
+  hour_store "$SEED_HOUR_NODES" 360 "${SEED_HOUR_VALUES:-realistic}"
   mkdir -p "$dir/store"
   cp -r "$flushed"/. "$dir/store/"
   say "the store holds a closed hour of $SEED_HOUR_NODES nodes ($(du -sh "$dir/store" | cut -f1) flushed) for compaction"

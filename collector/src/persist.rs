@@ -470,7 +470,8 @@ pub async fn write_file(
     let batch = batch.clone();
     let bytes = off_runtime({
         let name = name.clone();
-        move || sort_and_encode(table, &batch, &name)
+        // Taking turns with compaction's steps: see `memory::in_turn`.
+        move || crate::memory::in_turn(|| sort_and_encode(table, &batch, &name))
     })
     .await?;
     let _lock = store.write_lock().await.map_err(|e| PersistError::Store {
