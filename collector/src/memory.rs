@@ -10,7 +10,7 @@
 //! | unwritten rows | 1/2 | `--max-unwritten-rows`: batches are refused beyond it |
 //! | the rest | 1/8 | writing Parquet, the log, compaction ([`crate::persist::MAX_MERGE_ROWS`] rows at a time), the runtime |
 
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::OnceLock;
 
 use gputel_proto::GpuSample;
 
@@ -60,20 +60,6 @@ pub fn apart<T>(work: impl FnOnce() -> T) -> T {
     let mut out = None;
     apart(&mut || out = work.take().map(|work| work()));
     out.expect("the work ran")
-}
-
-/// Work that holds much memory for a moment, each in its turn.
-static TURNS: Mutex<()> = Mutex::new(());
-
-/// Runs `work` once no other work run through this function is running,
-/// for blocking work whose memory comes and goes within it: a flush's
-/// encoding of a file (about 10 MB above its rows for 55 000 rows with
-/// every field) and each step of compaction (a range of its merge, a file
-/// of its spill). Either lasts tens of milliseconds, and the collector's
-/// peak is the rows waiting plus one of them rather than both.
-pub fn in_turn<T>(work: impl FnOnce() -> T) -> T {
-    let _turn = TURNS.lock().unwrap_or_else(PoisonError::into_inner);
-    work()
 }
 
 /// The budget when none is given.
@@ -137,32 +123,6 @@ mod tests {
             vec![1, 2, 3]
         });
         assert_eq!((value, runs), (vec![1, 2, 3], 1));
-    }
-
-    /// Work run in turn never overlaps, from however many threads.
-    #[test]
-    fn work_in_turn_runs_one_at_a_time() {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        let running = AtomicUsize::new(0);
-        let most = AtomicUsize::new(0);
-        let runs = AtomicUsize::new(0);
-        std::thread::scope(|s| {
-            for _ in 0..4 {
-                s.spawn(|| {
-                    for _ in 0..5 {
-                        in_turn(|| {
-                            let now = running.fetch_add(1, Ordering::SeqCst) + 1;
-                            most.fetch_max(now, Ordering::SeqCst);
-                            std::thread::sleep(std::time::Duration::from_millis(2));
-                            running.fetch_sub(1, Ordering::SeqCst);
-                            runs.fetch_add(1, Ordering::SeqCst);
-                        });
-                    }
-                });
-            }
-        });
-        assert_eq!(runs.into_inner(), 20);
-        assert_eq!(most.into_inner(), 1);
     }
 
     #[test]

@@ -470,8 +470,7 @@ pub async fn write_file(
     let batch = batch.clone();
     let bytes = off_runtime({
         let name = name.clone();
-        // Taking turns with compaction's steps: see `memory::in_turn`.
-        move || crate::memory::in_turn(|| sort_and_encode(table, &batch, &name))
+        move || sort_and_encode(table, &batch, &name)
     })
     .await?;
     let _lock = store.write_lock().await.map_err(|e| PersistError::Store {

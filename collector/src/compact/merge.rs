@@ -316,7 +316,7 @@ impl Buckets {
 /// when it was created. The file is not buffered: each append is put
 /// together in [`SpillWriting::message`] and written at once, where a
 /// buffer per file would hold 8 KiB for each of a large fleet's thousands
-/// of buckets.
+/// of ranges (8.2 MB of the 26 MB heap at the spill of a 1000-node hour).
 struct IpcSpill {
     file: File,
     tracker: DictionaryTracker,
@@ -413,8 +413,6 @@ pub(super) struct Spill {
     dir: PathBuf,
     memory: Vec<RecordBatch>,
     files: Vec<Option<IpcSpill>>,
-    /// Rows spilled to each bucket's file.
-    spilled_rows: Vec<usize>,
     writing: SpillWriting,
     /// The table's columns that no file of the hour holds a value of: not
     /// spilled.
@@ -433,9 +431,8 @@ fn spill_path(dir: &Path, table: Table, bucket: usize) -> PathBuf {
 /// One bucket's rows, in the order of the files they came from.
 pub(super) enum BucketRows {
     Memory(Vec<RecordBatch>),
-    /// A spill file, the table's columns it leaves out (null), and the
-    /// rows it holds.
-    File(PathBuf, Arc<[bool]>, usize),
+    /// A spill file, and the table's columns it leaves out (null).
+    File(PathBuf, Arc<[bool]>),
     Empty,
 }
 
@@ -464,7 +461,6 @@ impl Spill {
         Ok(Self {
             table,
             key,
-            spilled_rows: vec![0; buckets.len()],
             buckets,
             dir: dir.to_owned(),
             memory: Vec::new(),
@@ -529,9 +525,7 @@ impl Spill {
                 &mut self.writing,
             )?),
         };
-        file.append(&rows, &mut self.writing)?;
-        self.spilled_rows[bucket] += rows.num_rows();
-        Ok(())
+        file.append(&rows, &mut self.writing)
     }
 
     /// Each bucket's rows, in bucket order.
@@ -551,7 +545,6 @@ impl Spill {
                     out.push(BucketRows::File(
                         spill_path(&self.dir, self.table, bucket),
                         Arc::clone(&null),
-                        self.spilled_rows[bucket],
                     ));
                 }
                 None => out.push(BucketRows::Empty),
@@ -562,44 +555,50 @@ impl Spill {
 }
 
 impl BucketRows {
-    /// The bucket's rows in the table's schema, a column at a time. A
-    /// spill file is read as its columns are asked for, and deleted with
-    /// the columns.
-    pub fn load(self, table: Table) -> BucketColumns {
-        match self {
-            BucketRows::Memory(batches) => BucketColumns::from_batches(table.schema(), batches),
-            BucketRows::Empty => BucketColumns::from_batches(table.schema(), Vec::new()),
-            BucketRows::File(path, null, rows) => {
-                BucketColumns::spilled(table.schema(), SpillFile { path, null }, rows)
+    /// The bucket's rows in the table's schema, a column at a time; a
+    /// spill file is deleted once read.
+    pub fn load(self, table: Table) -> Result<BucketColumns, CompactError> {
+        let (path, null) = match self {
+            BucketRows::Memory(batches) => {
+                return Ok(BucketColumns::from_batches(table.schema(), batches));
             }
+            BucketRows::Empty => {
+                return Ok(BucketColumns::from_batches(table.schema(), Vec::new()));
+            }
+            BucketRows::File(path, null) => (path, null),
+        };
+        let err = |source| CompactError::Spill {
+            dir: path.parent().map(Path::to_owned).unwrap_or_default(),
+            source,
+        };
+        let mut columns = BucketColumns::from_batches(table.schema(), Vec::new());
+        let reader = StreamReader::try_new(
+            BufReader::new(File::open(&path).map_err(|e| err(e.into()))?),
+            None,
+        )
+        .map_err(err)?;
+        for batch in reader {
+            let batch = batch.map_err(err)?;
+            let mut spilled = batch.columns().iter();
+            // A column no file of the hour holds a value of has no parts:
+            // it is null in every row.
+            for ((parts, field), _) in columns
+                .parts
+                .iter_mut()
+                .zip(columns.schema.fields())
+                .zip(null.iter())
+                .filter(|(_, null)| !**null)
+            {
+                let part = spilled.next().expect("a column per one spilled");
+                parts.push(match field.data_type() {
+                    DataType::Dictionary(_, _) => dictionary_of(part.as_ref()).map_err(err)?,
+                    _ => Arc::clone(part),
+                });
+            }
+            columns.rows += batch.num_rows();
         }
-    }
-}
-
-/// Columns decoded in one reading of a bucket's spill file. A reading
-/// decompresses only the columns it decodes, so each column is
-/// decompressed once whatever this is; fewer columns a reading hold less
-/// of the bucket at once for more readings of the file.
-const SPILL_READ_COLUMNS: usize = 8;
-
-/// A bucket's spill file, deleted when dropped.
-struct SpillFile {
-    path: PathBuf,
-    /// The table's columns the file leaves out (null in every row).
-    null: Arc<[bool]>,
-}
-
-impl SpillFile {
-    fn error(&self, e: impl std::fmt::Display) -> ArrowError {
-        ArrowError::IpcError(format!("spill file {}: {e}", self.path.display()))
-    }
-}
-
-impl Drop for SpillFile {
-    fn drop(&mut self) {
-        // The spill directory goes with the round; an error here leaves
-        // the file to it.
-        let _ = std::fs::remove_file(&self.path);
+        std::fs::remove_file(&path).map_err(|e| err(e.into()))?;
+        Ok(columns)
     }
 }
 
@@ -613,9 +612,6 @@ pub(super) struct BucketColumns {
     schema: SchemaRef,
     /// Each column's parts; none for a column null in every row.
     parts: Vec<Vec<ArrayRef>>,
-    /// The spill file the rows are in, and which columns are still to be
-    /// read from it.
-    spill: Option<(SpillFile, Vec<bool>)>,
     /// Columns made whole and kept, for sorting or comparing rows.
     whole: Vec<Option<ArrayRef>>,
     rows: usize,
@@ -638,58 +634,9 @@ impl BucketColumns {
             whole: vec![None; parts.len()],
             schema,
             parts,
-            spill: None,
             rows,
             nulls: SharedNulls::default(),
         }
-    }
-
-    /// The `rows` rows of a spill file, none of its columns read yet.
-    fn spilled(schema: SchemaRef, file: SpillFile, rows: usize) -> Self {
-        let unread = file.null.iter().map(|null| !null).collect();
-        let mut columns = Self::from_batches(schema, Vec::new());
-        columns.rows = rows;
-        columns.spill = Some((file, unread));
-        columns
-    }
-
-    /// Reads column `first` from the spill file, and the next columns not
-    /// yet read, [`SPILL_READ_COLUMNS`] in all, in one reading of it: a
-    /// column's part of each message, text dictionary-encoded again.
-    fn read_spilled(&mut self, first: usize) -> Result<(), ArrowError> {
-        let Some((file, unread)) = &mut self.spill else {
-            return Ok(());
-        };
-        let read: Vec<usize> = (first..unread.len())
-            .filter(|&i| unread[i])
-            .take(SPILL_READ_COLUMNS)
-            .collect();
-        // The file holds the columns that are not null, in table order.
-        let in_file = |i: usize| file.null[..i].iter().filter(|null| !**null).count();
-        let projection = read.iter().map(|&i| in_file(i)).collect();
-        let reader = StreamReader::try_new(
-            BufReader::new(File::open(&file.path).map_err(|e| file.error(e))?),
-            Some(projection),
-        )
-        .map_err(|e| file.error(e))?;
-        let mut rows = 0;
-        for batch in reader {
-            let batch = batch.map_err(|e| file.error(e))?;
-            rows += batch.num_rows();
-            for (&i, part) in read.iter().zip(batch.columns()) {
-                self.parts[i].push(match self.schema.field(i).data_type() {
-                    DataType::Dictionary(_, _) => dictionary_of(part.as_ref())?,
-                    _ => Arc::clone(part),
-                });
-            }
-        }
-        if rows != self.rows {
-            return Err(file.error(format_args!("{rows} rows read, {} were spilled", self.rows)));
-        }
-        for i in read {
-            unread[i] = false;
-        }
-        Ok(())
     }
 
     pub fn rows(&self) -> usize {
@@ -705,9 +652,6 @@ impl BucketColumns {
     pub fn column(&mut self, i: usize) -> Result<ArrayRef, ArrowError> {
         if let Some(whole) = &self.whole[i] {
             return Ok(Arc::clone(whole));
-        }
-        if self.spill.as_ref().is_some_and(|(_, unread)| unread[i]) {
-            self.read_spilled(i)?;
         }
         let parts = &self.parts[i];
         if parts.iter().all(|a| a.null_count() == a.len()) {
@@ -735,9 +679,6 @@ impl BucketColumns {
     pub fn release(&mut self, i: usize) {
         self.whole[i] = None;
         self.parts[i] = Vec::new();
-        if let Some((_, unread)) = &mut self.spill {
-            unread[i] = false;
-        }
     }
 }
 
@@ -1406,8 +1347,7 @@ mod tests {
 
     /// Rows spilled to several buckets come back to the right bucket, in
     /// the order they were added, in the table's schema with its
-    /// dictionary-encoded node column. Each spill file is read a few
-    /// columns at a time, as they are asked for, and deleted with them.
+    /// dictionary-encoded node column; each spill file is deleted once read.
     #[test]
     fn spilled_rows_come_back_whole_in_their_bucket() {
         let dir = tempfile::tempdir().unwrap();
@@ -1427,17 +1367,8 @@ mod tests {
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 3);
         let mut got = Vec::new();
         for bucket in rows {
-            let mut columns = bucket.load(Table::Gpu);
-            // Nothing is read before a column is asked for; then that
-            // column and the next ones, SPILL_READ_COLUMNS in all.
-            assert!(columns.parts.iter().all(Vec::is_empty));
-            columns.column(0).unwrap();
-            let read: Vec<usize> = (0..columns.parts.len())
-                .filter(|&i| !columns.parts[i].is_empty())
-                .collect();
-            assert_eq!(read, (0..SPILL_READ_COLUMNS).collect::<Vec<_>>());
+            let columns = bucket.load(Table::Gpu).unwrap();
             // The null column holds nothing, not a null array per part.
-            columns.column(power).unwrap();
             assert!(columns.parts[power].is_empty());
             let batch = columns.into_batch();
             assert_eq!(batch.schema(), Table::Gpu.schema());
@@ -1453,32 +1384,6 @@ mod tests {
             ]
         );
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
-    }
-
-    /// A spill file that holds other rows than were spilled to it is an
-    /// error that names it, not a bucket of the wrong length.
-    #[test]
-    fn a_spill_file_of_other_rows_is_an_error() {
-        let dir = tempfile::tempdir().unwrap();
-        let buckets = Buckets::plan(&three_nodes_of(4), 5);
-        let null = vec![false; Table::Gpu.schema().fields().len()];
-        let mut spill = Spill::new(Table::Gpu, buckets, null, dir.path()).unwrap();
-        spill
-            .add(gpu_batch(&[("n1", 0), ("n1", 1), ("n2", 0)]))
-            .unwrap();
-        let mut rows = spill.finish().unwrap();
-        let BucketRows::File(path, null, 2) = rows.remove(0) else {
-            panic!("the first bucket holds n1's two rows in a file");
-        };
-        let mut columns = BucketRows::File(path.clone(), null, 3).load(Table::Gpu);
-        let error = columns.column(0).unwrap_err().to_string();
-        assert!(
-            error.contains(&path.display().to_string())
-                && error.contains("2 rows read, 3 were spilled"),
-            "{error}"
-        );
-        drop(columns);
-        assert!(!path.exists(), "the spill file is deleted with its columns");
     }
 
     /// A compacted file written a column at a time is the file parquet's

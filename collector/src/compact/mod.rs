@@ -40,7 +40,7 @@ use parquet::errors::ParquetError;
 use tracing::{info, warn};
 use twox_hash::XxHash64;
 
-use crate::memory::{apart, in_turn, return_freed_memory};
+use crate::memory::{apart, return_freed_memory};
 use crate::persist::{
     MAX_COMPACTED_FILE_ROWS, MAX_MERGE_ROWS, PersistError, compacted_properties, off_runtime,
     put_file,
@@ -439,10 +439,9 @@ fn unreleased(stem: &str, unreleased_of: &Option<(String, u64)>) -> bool {
 }
 
 /// Compaction's CPU-bound work, off the runtime's worker threads
-/// ([`off_runtime`]), in memory apart from the write path's ([`apart`]),
-/// and taking turns with flushes ([`in_turn`]).
+/// ([`off_runtime`]) and in memory apart from the write path's ([`apart`]).
 async fn off_runtime_apart<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
-    off_runtime(move || in_turn(|| apart(work))).await
+    off_runtime(move || apart(work)).await
 }
 
 async fn compact_hour(
@@ -619,7 +618,7 @@ async fn compact_hour(
         let buckets = off_runtime_apart(move || spill.finish()).await?;
         for (index, rows) in buckets.into_iter().enumerate() {
             outputs = off_runtime_apart(move || {
-                outputs.merge(index, rows.load(table))?;
+                outputs.merge(index, rows.load(table)?)?;
                 // The range's rows are freed; the next range takes as much.
                 return_freed_memory();
                 Ok::<_, CompactError>(outputs)
