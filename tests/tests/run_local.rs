@@ -30,10 +30,14 @@ fn settings(dir: &Path, port: u16) -> Vec<(&'static str, OsString)> {
 }
 
 /// A run-local command (see [`settings`]) leading a process group of its
-/// own, as a shell's job does.
+/// own, as a terminal's job does: with SIGHUP at its default, even when the
+/// suite itself runs under `nohup`.
 fn run_local(dir: &Path, port: u16) -> Command {
-    let mut cmd = Command::new(workspace_root().join("scripts/run-local"));
-    cmd.envs(settings(dir, port)).process_group(0);
+    let mut cmd = Command::new("env");
+    cmd.arg("--default-signal=HUP")
+        .arg(workspace_root().join("scripts/run-local"))
+        .envs(settings(dir, port))
+        .process_group(0);
     cmd
 }
 
