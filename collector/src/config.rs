@@ -463,8 +463,9 @@ pub struct Settings {
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     #[serde(default, with = "humantime_serde")]
     pub flush_interval: Option<Duration>,
-    /// Buffered rows (all tables) that trigger a write before the interval ends
-    /// [default: half of --max-unwritten-rows, at most 49152].
+    /// Buffered rows (all tables) that trigger a write before the interval ends,
+    /// half as many while a compaction round runs [default: half of
+    /// --max-unwritten-rows, at most 49152].
     #[arg(long, value_name = "ROWS")]
     pub flush_rows: Option<usize>,
     /// Memory the collector plans for, e.g. 4GiB: a quarter for messages

@@ -252,6 +252,7 @@ async fn maintain(
             ..compact::CompactOptions::default()
         };
         let now_us = Clock::System.now_us();
+        let _compacting = shared.compacting();
         let round = compact::maintain(&store, now_us, Some(&options), &retention, &mut lease);
         let result = tokio::select! {
             result = round => result,

@@ -190,11 +190,14 @@ pub struct OtherNode {
 #[derive(Debug)]
 pub struct WritePath {
     state: Mutex<State>,
-    /// Woken when the buffer holds `flush_rows` rows.
+    /// Woken when the buffer holds `flush_rows` rows (half as many while
+    /// a compaction round runs).
     pub flush_now: Notify,
     /// Woken when records wait for an fsync.
     sync_wanted: Notify,
     flush_rows: usize,
+    /// Whether a compaction round is running (see [`WritePath::compacting`]).
+    compacting: AtomicBool,
     max_unwritten_rows: usize,
     max_agent_rows_per_s: u64,
     /// Rows taken from the buffer whose files are not written yet.
@@ -366,6 +369,16 @@ impl LogUnavailable {
     }
 }
 
+/// A compaction round running, from [`WritePath::compacting`] until dropped.
+#[derive(Debug)]
+pub struct Compacting<'a>(&'a AtomicBool);
+
+impl Drop for Compacting<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
+}
+
 impl WritePath {
     /// The shared state over an opened log, with what it replayed already in
     /// the buffer.
@@ -435,6 +448,7 @@ impl WritePath {
             flush_now: Notify::new(),
             sync_wanted: Notify::new(),
             flush_rows,
+            compacting: AtomicBool::new(false),
             max_unwritten_rows: memory.max_unwritten_rows,
             max_agent_rows_per_s,
             unwritten_rows: AtomicUsize::new(0),
@@ -1002,7 +1016,7 @@ impl WritePath {
                 agent.remember(batch.seq, fingerprint);
                 state.buffer.append(node, valid);
                 state.unsynced.insert(agent_id.to_owned(), batch.seq);
-                let full = state.buffer.rows() >= self.flush_rows || state.wal.wants_flush();
+                let full = state.buffer.rows() >= self.flush_threshold() || state.wal.wants_flush();
                 (None, full)
             }
         };
@@ -1018,6 +1032,26 @@ impl WritePath {
             self.flush_now.notify_one();
         }
         Ok(Accepted::New)
+    }
+
+    /// Rows at which the buffer is flushed: `flush_rows`, or half as many
+    /// while a compaction round runs, so that the round's memory (a range
+    /// of an hour's rows, its Parquet readers and writers) comes out of the
+    /// rows' share rather than on top of a full buffer: the collector's
+    /// peak is the rows waiting at their most, just before a flush.
+    fn flush_threshold(&self) -> usize {
+        if self.compacting.load(Ordering::Relaxed) {
+            (self.flush_rows / 2).max(1)
+        } else {
+            self.flush_rows
+        }
+    }
+
+    /// Marks a compaction round as running until the guard is dropped:
+    /// meanwhile the buffer is flushed at half its rows.
+    pub fn compacting(&self) -> Compacting<'_> {
+        self.compacting.store(true, Ordering::Relaxed);
+        Compacting(&self.compacting)
     }
 
     /// Stops accepting batches: they are left to the agents to resend.

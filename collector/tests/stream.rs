@@ -468,6 +468,43 @@ async fn welcome_then_one_cumulative_ack_once_the_rows_are_in_parquet() {
 }
 
 #[tokio::test]
+async fn while_a_compaction_round_runs_the_buffer_is_flushed_at_half_its_rows() {
+    let collector = Collector::start(4, gputel_proto::DEFAULT_MAX_MESSAGE_BYTES).await;
+    let (mut agent, _) = Agent::connect(collector.channel().await, "node-a", "agent-a").await;
+    let round = collector.shared.compacting();
+    // Two one-row batches are half of 4: the flush follows the second.
+    for seq in 1..=2 {
+        agent.send_batch(gpu_batch(seq, 1)).await;
+    }
+    agent.expect_ack(2).await;
+    collector
+        .expect_stored(expected_rows("node-a", &[(1, 1), (2, 1)]))
+        .await;
+    assert_eq!(parquet_files(collector.store(), "gpu").len(), 1);
+
+    // Once the round is over the buffer takes its 4 rows again.
+    drop(round);
+    for seq in 3..=5 {
+        agent.send_batch(gpu_batch(seq, 1)).await;
+    }
+    agent.expect_ack(5).await;
+    assert_eq!(collector.shared.buffered_rows(), 3);
+    assert_eq!(parquet_files(collector.store(), "gpu").len(), 1);
+    agent.send_batch(gpu_batch(6, 1)).await;
+    agent.expect_ack(6).await;
+    collector
+        .expect_stored(expected_rows(
+            "node-a",
+            &[(1, 1), (2, 1), (3, 1), (4, 1), (5, 1), (6, 1)],
+        ))
+        .await;
+    assert_eq!(parquet_files(collector.store(), "gpu").len(), 2);
+
+    agent.close().await;
+    collector.shutdown().await;
+}
+
+#[tokio::test]
 async fn after_a_reconnect_the_welcome_carries_the_durable_seq_and_resends_are_dropped() {
     let collector = Collector::start(3, gputel_proto::DEFAULT_MAX_MESSAGE_BYTES).await;
     let (mut first, hello) = Agent::connect(collector.channel().await, "node-a", "agent-a").await;
