@@ -577,34 +577,56 @@ impl BucketRows {
             None,
         )
         .map_err(err)?;
-        for batch in reader {
-            let batch = batch.map_err(err)?;
-            let mut spilled = batch.columns().iter();
-            // A column no file of the hour holds a value of has no parts:
-            // it is null in every row.
-            for ((parts, field), _) in columns
-                .parts
-                .iter_mut()
-                .zip(columns.schema.fields())
-                .zip(null.iter())
-                .filter(|(_, null)| !**null)
-            {
-                let part = spilled.next().expect("a column per one spilled");
-                parts.push(match field.data_type() {
-                    DataType::Dictionary(_, _) => dictionary_of(part.as_ref()).map_err(err)?,
-                    _ => Arc::clone(part),
+        // The table's columns that were spilled, with their index. A column
+        // no file of the hour holds a value of has no parts: it is null in
+        // every row.
+        let spilled: Vec<(usize, DataType)> = columns
+            .schema
+            .fields()
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !null[*i])
+            .map(|(i, f)| (i, f.data_type().clone()))
+            .collect();
+        let mut pending: Vec<RecordBatch> = Vec::with_capacity(PARTS_PER_CHUNK);
+        let join = |pending: &mut Vec<RecordBatch>, columns: &mut BucketColumns| {
+            for (at, (i, data_type)) in spilled.iter().enumerate() {
+                let parts: Vec<&dyn Array> =
+                    pending.iter().map(|b| b.column(at).as_ref()).collect();
+                columns.parts[*i].push(match data_type {
+                    DataType::Dictionary(_, _) => dictionary_of(&parts)?,
+                    _ => arrow_select::concat::concat(&parts)?,
                 });
             }
-            columns.rows += batch.num_rows();
+            columns.rows += pending.iter().map(RecordBatch::num_rows).sum::<usize>();
+            pending.clear();
+            Ok::<_, ArrowError>(())
+        };
+        for batch in reader {
+            pending.push(batch.map_err(err)?);
+            if pending.len() == PARTS_PER_CHUNK {
+                join(&mut pending, &mut columns).map_err(err)?;
+            }
+        }
+        if !pending.is_empty() {
+            join(&mut pending, &mut columns).map_err(err)?;
         }
         std::fs::remove_file(&path).map_err(|e| err(e.into()))?;
         Ok(columns)
     }
 }
 
+/// Messages of a spill file read before their columns are joined into one
+/// array each. A message is one flush file's rows of the bucket's nodes, a
+/// few dozen rows a column in its own buffers and array structs: a `gpu`
+/// bucket of an hour of 360 flushes, held as read, took about as much
+/// again beside its values as the values themselves.
+const PARTS_PER_CHUNK: usize = 32;
+
 /// A bucket's rows, a column at a time: each column as the parts it was
-/// read in, made whole only while it is sorted by, compared or written,
-/// and freed once written. Sorting a bucket's rows needs its key columns
+/// read in (a spill file's joined [`PARTS_PER_CHUNK`] messages at a time),
+/// made whole only while it is sorted by, compared or written, and freed
+/// once written. Sorting a bucket's rows needs its key columns
 /// whole; writing them, one column at a time. Held as one concatenated
 /// batch, the bucket would be in memory twice while it is concatenated,
 /// and whole until its last column is written.
@@ -719,18 +741,20 @@ fn merged_dictionary(parts: &[ArrayRef]) -> Result<ArrayRef, ArrowError> {
     Ok(Arc::new(dict))
 }
 
-/// A text column dictionary-encoded again, as the table's schema has it.
-fn dictionary_of(column: &dyn Array) -> Result<ArrayRef, ArrowError> {
-    let text = column
-        .as_string_opt::<i32>()
-        .ok_or_else(|| ArrowError::SchemaError("a spilled dictionary column is not text".into()))?;
-    // A spilled part is a few nodes' rows: few distinct values. The
-    // builder's default capacity (1024 keys and values) would be held by
-    // each of a bucket's hundreds of parts.
-    let distinct = text.len().min(16);
+/// Text parts as one column dictionary-encoded again, as the table's schema
+/// has it.
+fn dictionary_of(parts: &[&dyn Array]) -> Result<ArrayRef, ArrowError> {
+    let not_text = || ArrowError::SchemaError("a spilled dictionary column is not text".into());
+    let rows: usize = parts.iter().map(|p| p.len()).sum();
+    // A bucket is a few nodes' rows: few distinct values. The builder's
+    // default capacity (1024 keys and values) would be held by each of
+    // the bucket's chunks.
+    let distinct = rows.min(16);
     let mut dict =
-        StringDictionaryBuilder::<Int32Type>::with_capacity(text.len(), distinct, distinct * 32);
-    dict.extend(text.iter());
+        StringDictionaryBuilder::<Int32Type>::with_capacity(rows, distinct, distinct * 32);
+    for part in parts {
+        dict.extend(part.as_string_opt::<i32>().ok_or_else(not_text)?.iter());
+    }
     Ok(Arc::new(dict.finish()))
 }
 
@@ -1033,6 +1057,11 @@ impl ColumnarFile {
             }
             chunk.close_into(&mut row_group)?;
             std::fs::remove_file(&path).map_err(external)?;
+            // The column's pages and its read messages are freed: handed
+            // back before the next column is encoded, as after a range
+            // (otherwise up to 20 MB of a 1 M-row group's freed pages stay
+            // resident for a second; benches/README.md, "2026-11-28, day").
+            crate::memory::return_freed_memory();
         }
         row_group.close()?;
         self.pending = 0;
@@ -1386,6 +1415,63 @@ mod tests {
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 
+    /// A bucket spilled in more messages than are joined at once comes back
+    /// with every row in the order added, its columns in a few arrays
+    /// rather than one per message, and the same values and dictionary as
+    /// the rows it was given.
+    #[test]
+    fn a_bucket_spilled_in_many_messages_comes_back_in_a_few_arrays_a_column() {
+        let dir = tempfile::tempdir().unwrap();
+        let messages = 2 * PARTS_PER_CHUNK + 5;
+        let counts: BTreeMap<Option<String>, usize> = [("n1", 2 * messages), ("n2", messages)]
+            .map(|(n, rows)| (Some(n.to_owned()), rows))
+            .into_iter()
+            .collect();
+        let buckets = Buckets::plan(&counts, 2 * messages);
+        assert_eq!(buckets.len(), 2);
+        let null = vec![false; Table::Gpu.schema().fields().len()];
+        let mut spill = Spill::new(Table::Gpu, buckets, null, dir.path()).unwrap();
+        for t in 0..messages as i64 {
+            // n1 at two ticks, n2 at one: one message of each bucket a batch.
+            spill
+                .add(gpu_batch(&[("n1", 2 * t), ("n2", t), ("n1", 2 * t + 1)]))
+                .unwrap();
+        }
+        let mut buckets = spill.finish().unwrap().into_iter();
+        let first = buckets.next().unwrap().load(Table::Gpu).unwrap();
+        let uuid = Table::Gpu.schema().index_of("uuid").unwrap();
+        let temperature = Table::Gpu.schema().index_of("temperature_c").unwrap();
+        assert_eq!(first.rows(), 2 * messages);
+        assert_eq!(
+            first.parts[temperature].len(),
+            messages.div_ceil(PARTS_PER_CHUNK)
+        );
+        assert_eq!(first.parts[uuid].len(), messages.div_ceil(PARTS_PER_CHUNK));
+        let batch = first.into_batch();
+        assert_eq!(batch.schema(), Table::Gpu.schema());
+        let want: Vec<(String, i64)> = (0..2 * messages as i64)
+            .map(|t| ("n1".to_owned(), t))
+            .collect();
+        assert_eq!(node_ticks(&batch), want);
+        let temperatures = batch.column(temperature).as_primitive::<Int32Type>();
+        let want: Vec<i32> = (0..2 * messages as i32).map(|t| 40 + t).collect();
+        assert_eq!(temperatures.values().to_vec(), want);
+        // One dictionary of the bucket's distinct values, not one a chunk.
+        let uuids = batch.column(uuid).as_dictionary::<Int32Type>();
+        assert_eq!(uuids.values().len(), 1);
+        assert_eq!(uuids.values().as_string::<i32>().value(0), "GPU-0");
+
+        let second = buckets
+            .next()
+            .unwrap()
+            .load(Table::Gpu)
+            .unwrap()
+            .into_batch();
+        let want: Vec<(String, i64)> = (0..messages as i64).map(|t| ("n2".to_owned(), t)).collect();
+        assert_eq!(node_ticks(&second), want);
+        assert!(buckets.next().is_none());
+    }
+
     /// A compacted file written a column at a time is the file parquet's
     /// `ArrowWriter` makes of the same rows in the same order, byte for
     /// byte: over several row groups, one of them cut inside a slice, with
@@ -1496,7 +1582,7 @@ mod tests {
     fn dictionary_parts_merge_into_one_dictionary_of_distinct_values() {
         let part = |values: &[Option<&str>]| -> ArrayRef {
             let text = arrow_array::StringArray::from(values.to_vec());
-            dictionary_of(&text).unwrap()
+            dictionary_of(&[&text]).unwrap()
         };
         let parts = [
             part(&[Some("n1"), Some("n2"), None, Some("n1")]),
