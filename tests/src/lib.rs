@@ -413,6 +413,67 @@ pub fn table_scan(store: &Path, table: &str) -> String {
     )
 }
 
+/// Whether each node's gpu rows in `store` are `ticks` ticks `interval_ms`
+/// apart, first to last: its agent took every tick. An agent that wakes
+/// more than an interval late skips the ticks it missed, as it should, and
+/// its sample before the gap then stands for two intervals or more; tests
+/// whose expectations count every sample as one interval check this and
+/// run their pipeline again on a machine loaded enough for that. The error
+/// describes the schedule found.
+pub fn gpu_ticks_on_grid(store: &Path, ticks: u64, interval_ms: u64) -> Result<(), String> {
+    let rows = duckdb(
+        store,
+        &format!(
+            "SELECT node, count(DISTINCT ts) AS ticks, \
+                    (epoch_us(max(ts)) - epoch_us(min(ts))) // 1000 AS span_ms \
+             FROM {} GROUP BY node ORDER BY node",
+            table_scan(store, "gpu")
+        ),
+    );
+    let span_ms = (ticks - 1) * interval_ms;
+    let on_grid = !rows.is_empty()
+        && rows
+            .iter()
+            .all(|r| r["ticks"].as_u64() == Some(ticks) && r["span_ms"].as_u64() == Some(span_ms));
+    if on_grid {
+        Ok(())
+    } else {
+        Err(format!(
+            "want {ticks} ticks over {span_ms} ms on each node, got {}",
+            serde_json::Value::Array(rows.into_iter().map(serde_json::Value::Object).collect())
+        ))
+    }
+}
+
+/// How many times [`taking_every_tick`] runs a pipeline.
+pub const PIPELINE_RUNS: usize = 3;
+
+/// Runs a pipeline (`run`, given the attempt's number) until the store it
+/// wrote (`store`) has every agent's every tick ([`gpu_ticks_on_grid`]),
+/// at most [`PIPELINE_RUNS`] times; returns what the run that did made.
+pub fn taking_every_tick<T>(
+    ticks: u64,
+    interval_ms: u64,
+    mut run: impl FnMut(usize) -> T,
+    store: impl Fn(&T) -> PathBuf,
+) -> T {
+    let mut schedules = Vec::new();
+    for attempt in 0..PIPELINE_RUNS {
+        let made = run(attempt);
+        match gpu_ticks_on_grid(&store(&made), ticks, interval_ms) {
+            Ok(()) => return made,
+            Err(schedule) => {
+                eprintln!("ticks skipped under load, running the pipeline again: {schedule}");
+                schedules.push(schedule);
+            }
+        }
+    }
+    panic!(
+        "in {PIPELINE_RUNS} runs of the pipeline an agent skipped ticks (woke over an interval late): {}",
+        schedules.join("; ")
+    );
+}
+
 /// Prometheus' `promtool`: `$GPUTEL_PROMTOOL`, else `promtool` on PATH.
 pub fn promtool_bin() -> PathBuf {
     installed_tool(

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use gputel_tests::{
     Running, SCENARIO_ENV, TRACE_IMPORTS, agent_bin, collector_bin, duckdb_value, fake_nvml,
-    fixture, fixture_agent, start_collector, table_scan, workspace_root,
+    fixture, fixture_agent, start_collector, table_scan, taking_every_tick, workspace_root,
 };
 use serde_json::{Map, Value, json};
 
@@ -237,61 +237,13 @@ fn serve_counter(path: &Path, values: Vec<u64>) -> mpsc::Receiver<()> {
     rx
 }
 
-/// How many times the pipeline is run before a store whose agents took
-/// every tick is given up on.
-const PIPELINE_RUNS: usize = 3;
-
 /// Runs the pipeline (two agents, one collector) until both agents took
-/// their TICKS ticks on consecutive grid points, then imports the trace.
-///
-/// The expectations below count every sample as its 0.1 s tick. An agent
-/// that wakes more than an interval late skips the ticks it missed (as it
-/// should), and the sample before the gap then stands for 0.2 s or more:
-/// the queries' answers are right for that store, but not the ones written
-/// here. On a machine loaded enough for that, the pipeline is run again.
+/// their TICKS ticks (the expectations below count every sample as its
+/// 0.1 s tick; `gputel_tests::gpu_ticks_on_grid`), then imports the trace.
 fn build_store() -> Store {
-    let mut schedules = Vec::new();
-    for _ in 0..PIPELINE_RUNS {
-        let store = run_pipeline();
-        match skipped_ticks(&store.store) {
-            None => {
-                import_trace(&store.dir, &store.store);
-                return store;
-            }
-            Some(schedule) => {
-                eprintln!("ticks skipped under load, running the pipeline again: {schedule}");
-                schedules.push(schedule);
-            }
-        }
-    }
-    panic!(
-        "in {PIPELINE_RUNS} runs of the pipeline an agent skipped ticks (woke over 0.1 s late): {}",
-        schedules.join("; ")
-    );
-}
-
-/// Each node's tick schedule, when some node's gpu rows are not TICKS
-/// ticks 0.1 s apart (each node's eight or two GPUs share their tick's
-/// timestamp, and the node and ib rows are taken at the same ticks).
-fn skipped_ticks(store: &Path) -> Option<String> {
-    let rows = query_store(
-        store,
-        "views.sql",
-        "SELECT node, count(DISTINCT ts) AS ticks, \
-                (epoch_us(max(ts)) - epoch_us(min(ts))) // 1000 AS span_ms \
-         FROM gpu GROUP BY node ORDER BY node",
-    );
-    let want_span_ms = (TICKS - 1) * 100;
-    let on_grid = rows.len() == 2
-        && rows
-            .iter()
-            .all(|r| r["ticks"] == json!(TICKS) && r["span_ms"].as_u64() == Some(want_span_ms));
-    (!on_grid).then(|| {
-        format!(
-            "want {TICKS} ticks over {want_span_ms} ms on each node, got {}",
-            Value::Array(rows)
-        )
-    })
+    let store = taking_every_tick(TICKS, 100, |_| run_pipeline(), |s| s.store.clone());
+    import_trace(&store.dir, &store.store);
+    store
 }
 
 /// One run of the pipeline: two agents and a collector writing a store.

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use gputel_tests::{
     Running, SCENARIO_ENV, duckdb, duckdb_bin, fake_dcgm, fixture_agent, http_get, start_collector,
-    table_scan, workspace_root,
+    table_scan, taking_every_tick, workspace_root,
 };
 use serde_json::{Value, json};
 
@@ -376,7 +376,17 @@ fn characterization(store: &Path, file: &str) -> Vec<Value> {
 fn an_a100_job_has_sm_activity_in_parquet_and_in_per_job_utilization() {
     const TICKS: u64 = 8;
     let dir = tempfile::tempdir().expect("tempdir");
-    let (store, _) = stream(dir.path(), &a100x2(), TICKS, &[]);
+    let scenario = a100x2();
+    let (store, _) = taking_every_tick(
+        TICKS,
+        100,
+        |attempt| {
+            let run = dir.path().join(format!("run-{attempt}"));
+            std::fs::create_dir_all(&run).expect("mkdir");
+            stream(&run, &scenario, TICKS, &[])
+        },
+        |(store, _)| store.clone(),
+    );
     // DCGM has a value at the first tick already (GPM needs two samples);
     // each of the ticks stands for its 0.1 s.
     assert_eq!(
