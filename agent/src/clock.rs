@@ -1,12 +1,21 @@
 //! The wall clock, in the protocol's unit.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::OnceLock;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// Wall-clock time in microseconds since the Unix epoch.
 pub fn now_us() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as i64)
+}
+
+/// Microseconds on a monotonic clock, from the first call on: the time
+/// between two readings of a counter as they were read, for rates that
+/// should not stretch or shrink with how late the agent woke for a tick.
+pub fn monotonic_us() -> i64 {
+    static ORIGIN: OnceLock<Instant> = OnceLock::new();
+    i64::try_from(ORIGIN.get_or_init(Instant::now).elapsed().as_micros()).unwrap_or(i64::MAX)
 }
 
 /// The first multiple of `interval_us` strictly after `now_us`.
