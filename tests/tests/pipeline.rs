@@ -195,8 +195,9 @@ fn every_row_the_agent_sends_is_queryable_in_duckdb() {
     // window of --slow-read-interval (500 ms), and only there: the tick on
     // its multiple, unless the agent woke late and skipped it (as it may
     // on a loaded machine), then the next one. power_avg_mw, the mean
-    // power between two of them, is the scenario's 512 W give or take how
-    // late each read came after its tick.
+    // power between two of them, is the scenario's 512 W give or take the
+    // fake energy counter's millisecond steps: the reads are timed as they
+    // are made, so a tick the agent woke late for does not skew it.
     let slow = duckdb(
         tmp.path(),
         &format!(
