@@ -22,9 +22,10 @@
 //! the PCIe byte and replay counters (0.35 ms for the three fields), GPM's
 //! graphics engine activity (1 ms to compute, the other four metrics 1 µs
 //! each) and MIG mode (0.13 ms). Rates and averages of those (PCIe bytes
-//! per second, `power_avg_mw`) span the time between two slow reads, as
-//! read on a monotonic clock (a tick the agent woke late for does not
-//! stretch them).
+//! per second, `power_avg_mw`) span the time between two slow reads.
+//! Counter rates (those, and NVLink's per tick) divide by the time between
+//! the readings as made, on a monotonic clock: a tick the agent woke late
+//! for does not stretch or shrink them.
 //!
 //! A MIG-enabled GPU gives one row of its own, with what is physical
 //! (temperatures, power, energy, clocks, ECC, PCIe, NVLink), and one row per
@@ -219,8 +220,7 @@ pub struct GpuOptions {
 /// (energy, PCIe), for rates.
 #[derive(Debug, Clone, Copy, Default)]
 struct Counters {
-    /// When: the tick's time for NVLink; the monotonic time of the reads
-    /// ([`monotonic_us`]) for the slow ones.
+    /// When they were read, on a monotonic clock ([`monotonic_us`]).
     ts_us: i64,
     energy_mj: Option<u64>,
     pcie_tx_bytes: Option<u64>,
@@ -682,9 +682,9 @@ fn sample_device(
         None
     };
     let power_mw = read.get("power", device.power_usage());
-    // When the slow reads were made: their rates span the time between
-    // two of them as read, however late this tick's wake-up was.
-    let slow_at_us = slow.then(monotonic_us);
+    // When the counters were read: their rates span the time between two
+    // readings as made, however late a tick's wake-up was.
+    let read_at_us = monotonic_us();
     let energy_mj = if slow {
         read.get("energy", device.total_energy_consumption())
     } else {
@@ -714,7 +714,7 @@ fn sample_device(
     };
 
     let now = Counters {
-        ts_us,
+        ts_us: read_at_us,
         nvlink_tx_kib: fields.get(field::NVLINK_THROUGHPUT_DATA_TX),
         nvlink_rx_kib: fields.get(field::NVLINK_THROUGHPUT_DATA_RX),
         ..Counters::default()
@@ -723,8 +723,8 @@ fn sample_device(
     let rate = |pick: fn(&Counters) -> Option<u64>, unit: u64| -> Option<u64> {
         per_second(prev.as_ref(), &now, pick, unit)
     };
-    let slow_now = slow_at_us.map(|at_us| Counters {
-        ts_us: at_us,
+    let slow_now = slow.then(|| Counters {
+        ts_us: read_at_us,
         energy_mj,
         pcie_tx_bytes: fields.get(field::PCIE_COUNT_TX_BYTES),
         pcie_rx_bytes: fields.get(field::PCIE_COUNT_RX_BYTES),
