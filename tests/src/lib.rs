@@ -446,7 +446,7 @@ pub fn gpu_ticks_on_grid(store: &Path, ticks: u64, interval_ms: u64) -> Result<(
 }
 
 /// How many times [`taking_every_tick`] runs a pipeline.
-pub const PIPELINE_RUNS: usize = 3;
+const PIPELINE_RUNS: usize = 3;
 
 /// Runs a pipeline (`run`, given the attempt's number) until the store it
 /// wrote (`store`) has every agent's every tick ([`gpu_ticks_on_grid`]),

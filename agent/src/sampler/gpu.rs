@@ -682,9 +682,6 @@ fn sample_device(
         None
     };
     let power_mw = read.get("power", device.power_usage());
-    // When the counters were read: their rates span the time between two
-    // readings as made, however late a tick's wake-up was.
-    let read_at_us = monotonic_us();
     let energy_mj = if slow {
         read.get("energy", device.total_energy_consumption())
     } else {
@@ -693,6 +690,12 @@ fn sample_device(
     let reasons = read
         .get("clock_event_reasons", device.current_throttle_reasons())
         .map(|r| r.bits());
+    // When the counters were read: their rates span the time between two
+    // readings as made, however late a tick's wake-up was. Taken right
+    // before the field values (NVLink, PCIe), whose reads then start the
+    // same time after it at every tick; energy, read only at slow ticks,
+    // the same time before it at every slow tick.
+    let read_at_us = monotonic_us();
     let fields = Fields::read(device, slow, read);
     let (activity, source) = match dcgm {
         Some(activity) => {
