@@ -12,7 +12,8 @@
 //!   takes it off the stream;
 //! - `validate`: `validate_batch` on each decoded batch;
 //! - `append`: `WriteBuffer::append` of every batch into an empty buffer;
-//! - `take`: `WriteBuffer::take`, builders to record batches;
+//! - `take`: `WriteBuffer::take`, and every column of its builders made an
+//!   Arrow array (a flush makes them one at a time as it encodes them);
 //! - `sort`: `persist::sort_rows` of every table (the sorted copy included);
 //! - `encode`: `persist::encode` of every table's sorted rows;
 //! - `sort_encode`: `persist::sort_and_encode` of every table, as a flush
@@ -38,7 +39,7 @@ use gputel_collector::persist::{encode, sort_and_encode, sort_rows};
 use gputel_collector::validate::validate_batch;
 use gputel_proto::wire::census;
 use gputel_proto::{AgentMessage, Batch, agent_message};
-use gputel_schemas::{PartitionKey, Table};
+use gputel_schemas::{BatchColumns, PartitionKey, Table, take_batch};
 use prost::Message;
 
 /// Nodes and seconds of the per-flush data set; a tiny one under `cargo test`.
@@ -87,7 +88,8 @@ fn sort_encode_all(taken: &[(Table, PartitionKey, arrow_array::RecordBatch)]) ->
     taken
         .iter()
         .map(|(table, _, rb)| {
-            sort_and_encode(*table, rb, table.name())
+            let mut rows = BatchColumns::from(rb.clone());
+            sort_and_encode(*table, &mut rows, table.name())
                 .expect("sort and encode Parquet")
                 .len()
         })
@@ -157,7 +159,13 @@ fn ingest(c: &mut Criterion) {
     g.bench_function("take", |b| {
         b.iter_batched(
             fill,
-            |mut buffer| buffer.take().expect("rows fit their schemas"),
+            |mut buffer| {
+                let taken = buffer.take().into_iter();
+                taken
+                    .map(|(table, _, mut rows)| take_batch(rows.as_mut(), table.schema()))
+                    .collect::<Result<Vec<_>, _>>()
+                    .expect("rows fit their schemas")
+            },
             BatchSize::PerIteration,
         )
     });
@@ -199,8 +207,17 @@ fn ingest(c: &mut Criterion) {
                 let valid = validate_batch(&batch, now_us).expect("valid");
                 buffer.append(&ab.node, valid);
             }
-            let taken = buffer.take().expect("rows fit their schemas");
-            black_box(sort_encode_all(&taken))
+            // As a flush does: each column made an array as it is encoded.
+            let bytes: usize = buffer
+                .take()
+                .into_iter()
+                .map(|(table, _, mut rows)| {
+                    sort_and_encode(table, rows.as_mut(), table.name())
+                        .expect("sort and encode Parquet")
+                        .len()
+                })
+                .sum();
+            black_box(bytes)
         })
     });
     g.finish();

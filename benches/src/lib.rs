@@ -135,7 +135,14 @@ pub fn buffer_and_take(batches: &[AgentBatch]) -> Vec<(Table, PartitionKey, Reco
         let valid = validate_batch(&b.batch, now_us).expect("simulated batches are valid");
         buffer.append(&b.node, valid);
     }
-    buffer.take().expect("simulated rows fit their schemas")
+    buffer
+        .take()
+        .into_iter()
+        .map(|(table, key, mut rows)| {
+            let batch = gputel_schemas::take_batch(rows.as_mut(), table.schema());
+            (table, key, batch.expect("simulated rows fit their schemas"))
+        })
+        .collect()
 }
 
 /// Metric values in `batches` once stored.

@@ -1,16 +1,16 @@
 //! The in-memory write buffer: rows appended as they arrive, held per table and
-//! partition in Arrow builders until the persister takes them.
+//! partition in column builders (integers packed, see
+//! `gputel_schemas::column::Packed`) until a flush takes them and makes
+//! them Arrow columns one at a time as it encodes them.
 
 use std::collections::BTreeMap;
 
-use arrow_array::{ArrayRef, RecordBatch};
-use arrow_schema::ArrowError;
 use gputel_proto::{
     AlertRow, GpuEvent, GpuProcess, GpuSample, IbPortSample, NodeEvent, NodeSample,
 };
 use gputel_schemas::{
-    AlertRows, EventRows, EventSource, GpuProcessRows, GpuRows, IbRows, JobRows, JobSpan, NodeRows,
-    PartitionKey, Table,
+    AlertRows, Columns, EventRows, EventSource, GpuProcessRows, GpuRows, IbRows, JobRows, JobSpan,
+    NodeRows, PartitionKey, Table,
 };
 
 use crate::validate::ValidBatch;
@@ -159,17 +159,17 @@ impl WriteBuffer {
         self.rows
     }
 
-    /// Takes everything held as one record batch per table and partition,
-    /// leaving the buffer empty.
-    pub fn take(&mut self) -> Result<Vec<(Table, PartitionKey, RecordBatch)>, ArrowError> {
+    /// Takes everything held, the rows of each table and partition as
+    /// columns still to be made, leaving the buffer empty.
+    pub fn take(&mut self) -> Vec<(Table, PartitionKey, Box<dyn Columns>)> {
         self.rows = 0;
         let mut out = Vec::new();
-        finish_all(Table::Gpu, &mut self.gpu, &mut out)?;
-        finish_all(Table::Node, &mut self.node, &mut out)?;
-        finish_all(Table::Ib, &mut self.ib, &mut out)?;
-        finish_all(Table::Event, &mut self.event, &mut out)?;
-        finish_all(Table::GpuProcess, &mut self.gpu_process, &mut out)?;
-        finish_all(Table::Alert, &mut self.alert, &mut out)?;
+        take_all(Table::Gpu, &mut self.gpu, &mut out);
+        take_all(Table::Node, &mut self.node, &mut out);
+        take_all(Table::Ib, &mut self.ib, &mut out);
+        take_all(Table::Event, &mut self.event, &mut out);
+        take_all(Table::GpuProcess, &mut self.gpu_process, &mut out);
+        take_all(Table::Alert, &mut self.alert, &mut out);
         for (key, jobs) in std::mem::take(&mut self.jobs) {
             let mut rows = JobRows::default();
             for (job_id, nodes) in &jobs {
@@ -186,13 +186,9 @@ impl WriteBuffer {
                     }
                 }
             }
-            out.push((
-                Table::Job,
-                key,
-                RecordBatch::try_new(Table::Job.schema(), rows.finish())?,
-            ));
+            out.push((Table::Job, key, Box::new(rows)));
         }
-        Ok(out)
+        out
     }
 }
 
@@ -225,27 +221,20 @@ fn append_all<S, R: Rows<S>>(
     }
 }
 
-fn finish_all<S, R: Rows<S>>(
+fn take_all<S, R: Rows<S>>(
     table: Table,
     partitions: &mut BTreeMap<PartitionKey, R>,
-    out: &mut Vec<(Table, PartitionKey, RecordBatch)>,
-) -> Result<(), ArrowError> {
-    for (key, mut rows) in std::mem::take(partitions) {
-        out.push((
-            table,
-            key,
-            RecordBatch::try_new(table.schema(), rows.finish())?,
-        ));
+    out: &mut Vec<(Table, PartitionKey, Box<dyn Columns>)>,
+) {
+    for (key, rows) in std::mem::take(partitions) {
+        out.push((table, key, Box::new(rows)));
     }
-    Ok(())
 }
 
 /// A table's row builder (declared in `gputel_schemas`) for rows of `S`.
-trait Rows<S> {
+trait Rows<S>: Columns + 'static {
     fn with_capacity(rows: usize) -> Self;
     fn push(&mut self, node: &str, sample: &S);
-    /// The columns, in schema order.
-    fn finish(&mut self) -> Vec<ArrayRef>;
 }
 
 macro_rules! rows_of {
@@ -256,9 +245,6 @@ macro_rules! rows_of {
             }
             fn push(&mut self, node: &str, sample: &$sample) {
                 <$rows>::push(self, node, sample);
-            }
-            fn finish(&mut self) -> Vec<ArrayRef> {
-                <$rows>::finish(self)
             }
         }
     )*};
@@ -279,9 +265,6 @@ impl Rows<GpuEvent> for EventRows {
     }
     fn push(&mut self, node: &str, event: &GpuEvent) {
         EventRows::push(self, node, &EventSource::Gpu(event));
-    }
-    fn finish(&mut self) -> Vec<ArrayRef> {
-        EventRows::finish(self)
     }
 }
 
@@ -320,6 +303,18 @@ mod tests {
         }
     }
 
+    fn batches(
+        taken: Vec<(Table, PartitionKey, Box<dyn Columns>)>,
+    ) -> Vec<(Table, PartitionKey, arrow_array::RecordBatch)> {
+        taken
+            .into_iter()
+            .map(|(table, key, mut rows)| {
+                let batch = gputel_schemas::take_batch(rows.as_mut(), table.schema());
+                (table, key, batch.expect("columns of the table's schema"))
+            })
+            .collect()
+    }
+
     /// The buffer after a flush starts with room for the rows the one
     /// before took, and holds exactly what it is given, in both partitions.
     #[test]
@@ -328,10 +323,10 @@ mod tests {
         fill(&mut first, 120);
         let mut second = first.successor();
         assert_eq!((second.room.gpu, second.room.node), (1200, 150));
-        let taken = first.take().expect("take");
+        let taken = batches(first.take());
         fill(&mut second, 120);
         assert_eq!(second.rows(), 1080);
-        let again = second.take().expect("take");
+        let again = batches(second.take());
         let hours: Vec<_> = taken
             .iter()
             .map(|(t, k, b)| (*t, *k, b.num_rows()))

@@ -7,13 +7,13 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use arrow_array::RecordBatch;
-use gputel_schemas::PartitionPath;
+use bytes::Bytes;
+use gputel_schemas::{Columns, PartitionPath};
 use tokio::sync::watch;
 use tracing::{error, info};
 
 use crate::log_throttle::{LogThrottle, root_cause};
-use crate::persist::{PersistError, write_file};
+use crate::persist::{PersistError, encode_file, store_file};
 use crate::store::Store;
 use crate::wal::WalError;
 use crate::write::WritePath;
@@ -25,6 +25,9 @@ pub enum FlushError {
     Persist(#[from] PersistError),
     #[error(transparent)]
     Wal(#[from] WalError),
+    /// Rows that could not be encoded (see [`PendingFile::Unencodable`]).
+    #[error("{error}; the rows stay in the write-ahead log for a restart to write")]
+    Unencodable { error: String },
 }
 
 /// How often a failed write is retried while data waits (at most: a shorter
@@ -38,8 +41,34 @@ pub const FAILURE_LOG_INTERVAL: Duration = Duration::from_secs(60);
 /// Files to write, and the log segments they release once all are stored.
 #[derive(Debug)]
 struct FlushUnit {
-    files: Vec<(PartitionPath, RecordBatch)>,
+    /// Written from the last: the largest table's files are at the end, so
+    /// that its rows, freed as they are encoded, go first.
+    files: Vec<(PartitionPath, PendingFile)>,
     segments: Vec<u64>,
+}
+
+/// A file of a flush: its rows until they are encoded, then its bytes
+/// until they are stored. A store that fails keeps the file's bytes for
+/// the retry, a fraction of its rows' memory, and they are not encoded
+/// again.
+#[derive(Debug)]
+enum PendingFile {
+    Rows(Box<dyn Columns>),
+    Encoded { bytes: Bytes, rows: usize },
+    /// Rows that could not be encoded. Encoding them again would fail
+    /// again, so the flush fails with `error` until a restart: the log
+    /// segments keep the rows, and the units after this one wait, so none
+    /// is released past it.
+    Unencodable { error: String, rows: usize },
+}
+
+impl PendingFile {
+    fn rows(&self) -> usize {
+        match self {
+            PendingFile::Rows(rows) => rows.num_rows(),
+            PendingFile::Encoded { rows, .. } | PendingFile::Unencodable { rows, .. } => *rows,
+        }
+    }
 }
 
 /// What one flush did.
@@ -78,11 +107,31 @@ impl Flusher {
         self.take_buffer()?;
         let mut report = FlushReport::default();
         while let Some(unit) = self.queue.front_mut() {
-            while let Some((path, batch)) = unit.files.last() {
-                let bytes = write_file(&self.store, path, batch).await?;
+            while let Some((path, file)) = unit.files.last_mut() {
+                let rows = file.rows();
+                let unencodable = |error: String| PendingFile::Unencodable { error, rows };
+                // Taken out while it is encoded: the rows are freed as they go.
+                let bytes = match std::mem::replace(file, unencodable(String::new())) {
+                    PendingFile::Rows(rows) => match encode_file(path, rows).await {
+                        Ok(bytes) => bytes,
+                        Err(e) => {
+                            *file = unencodable(e.to_string());
+                            return Err(e.into());
+                        }
+                    },
+                    PendingFile::Encoded { bytes, .. } => bytes,
+                    PendingFile::Unencodable { error, .. } => {
+                        *file = unencodable(error.clone());
+                        return Err(FlushError::Unencodable { error });
+                    }
+                };
+                *file = PendingFile::Encoded {
+                    bytes: bytes.clone(),
+                    rows,
+                };
+                report.bytes += store_file(&self.store, path, bytes).await?;
                 report.files += 1;
-                report.rows += batch.num_rows();
-                report.bytes += bytes;
+                report.rows += rows;
                 unit.files.pop();
             }
             if let Some(unit) = self.queue.front() {
@@ -104,7 +153,7 @@ impl Flusher {
         self.queue
             .iter()
             .flat_map(|u| &u.files)
-            .map(|(_, batch)| batch.num_rows())
+            .map(|(_, file)| file.rows())
             .sum()
     }
 
@@ -116,22 +165,15 @@ impl Flusher {
     fn take_buffer(&mut self) -> Result<(), FlushError> {
         let taken = self.shared.take()?;
         let mut buffer = taken.buffer;
-        let batches = match buffer.take() {
-            Ok(batches) => batches,
-            Err(e) => {
-                // Builders that match their schema cannot fail to assemble; if
-                // they ever do, the rows stay in the log for a restart to retry.
-                error!(error = %e, "rows could not be assembled into Arrow batches; their log segments are kept");
-                return Ok(());
-            }
-        };
+        let batches = buffer.take();
         // File names come from the log segments, not the clock: a flush
         // repeated after a crash replaces its own earlier files.
         let files = batches
             .into_iter()
-            .map(|(table, key, batch)| {
+            .rev()
+            .map(|(table, key, rows)| {
                 let path = PartitionPath::new(table, key, &taken.stem).expect("valid file stem");
-                (path, batch)
+                (path, PendingFile::Rows(rows))
             })
             .collect::<Vec<_>>();
         if files.is_empty() && taken.segments.is_empty() {
@@ -156,8 +198,7 @@ impl Flusher {
         loop {
             let stopping = if failed {
                 // A failed flush is retried on its own clock, not at every
-                // refused batch's nudge (each attempt encodes the pending
-                // files again), nor only at the next interval.
+                // refused batch's nudge, nor only at the next interval.
                 let pause = RETRY_INTERVAL.min(interval);
                 tokio::time::timeout(pause, stop.wait_for(|s| *s))
                     .await

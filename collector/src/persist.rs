@@ -4,10 +4,10 @@
 use std::sync::Arc;
 
 use arrow_array::{ArrayRef, RecordBatch, UInt32Array};
-use arrow_schema::{ArrowError, DataType, FieldRef, Schema};
+use arrow_schema::{ArrowError, DataType, FieldRef, Schema, SchemaRef};
 use arrow_select::take::{take, take_record_batch};
 use bytes::Bytes;
-use gputel_schemas::{PartitionPath, SharedNulls, Table};
+use gputel_schemas::{BatchColumns, Columns, PartitionPath, SharedNulls, Table};
 
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
@@ -269,11 +269,12 @@ pub(crate) fn write_in_order<W: std::io::Write + Send, E>(
 }
 
 /// Sorts a flush's rows by the table's sort key and encodes them as one
-/// Parquet file, a column at a time (see `encode_in_order`). `name` is the
-/// file's path, for errors.
+/// Parquet file, a column at a time (see `encode_in_order`): each column
+/// becomes an Arrow array when its turn comes, and is freed once encoded.
+/// `name` is the file's path, for errors.
 pub fn sort_and_encode(
     table: Table,
-    batch: &RecordBatch,
+    rows: &mut dyn Columns,
     name: &str,
 ) -> Result<Bytes, PersistError> {
     let sort_error = |source| PersistError::Sort {
@@ -284,31 +285,80 @@ pub fn sort_and_encode(
         path: name.to_owned(),
         source,
     };
-    let indices = sort_indices(table, batch).map_err(sort_error)?;
+    let schema = table.schema();
+    let mut columns = FileColumns::new(rows, schema.fields().len());
+    let keys = table
+        .sort_key()
+        .iter()
+        .map(|name| Ok(columns.get(schema.index_of(name)?)))
+        .collect::<Result<Vec<_>, ArrowError>>()
+        .map_err(sort_error)?;
+    let indices = crate::sort::sorted_indices(&keys).map_err(sort_error)?;
+    drop(keys);
     encode_in_order(
         writer_properties(table),
-        batch,
+        &schema,
+        &mut columns,
         &indices,
         sort_error,
         encode_error,
     )
 }
 
-/// Encodes `batch`'s rows in the order of `indices` as one Parquet file: the
-/// file parquet's [`ArrowWriter`] makes of the rows in that order when its row
-/// groups are whole slices (a flush's one group), byte for byte, but made a
-/// column at a time. Each column's rows are reordered [`ENCODE_SLICE_ROWS`]
-/// at a time into that column's writer, whose chunk then goes into the row
-/// group before the next column's writer is made. So one column's pages,
-/// compressor and encoder state are held at a time, where the
-/// `ArrowWriter` holds every column's until the group ends (a flush of
-/// 40 000 GPU rows: 6 MB against 14 MB above the rows, benches/README.md),
-/// and the reordered rows are never held whole beside `batch`. Row groups
-/// are cut by row count only: `props` sets no byte limit and no
+/// A file's columns as its encoding takes them: each made an array the
+/// first time it is asked for (the sort key's, to sort by, before the
+/// others), and held until [`FileColumns::release`].
+pub(crate) struct FileColumns<'a> {
+    rows: &'a mut dyn Columns,
+    held: Vec<Option<ArrayRef>>,
+    nulls: SharedNulls,
+}
+
+impl<'a> FileColumns<'a> {
+    pub(crate) fn new(rows: &'a mut dyn Columns, columns: usize) -> Self {
+        Self {
+            rows,
+            held: vec![None; columns],
+            nulls: SharedNulls::default(),
+        }
+    }
+
+    fn num_rows(&self) -> usize {
+        self.rows.num_rows()
+    }
+
+    fn get(&mut self, index: usize) -> ArrayRef {
+        let Self { rows, held, nulls } = self;
+        Arc::clone(held[index].get_or_insert_with(|| rows.take_column(index, nulls)))
+    }
+
+    /// Lets column `index` go: freed, unless another column shares it (an
+    /// all-null one).
+    fn release(&mut self, index: usize) {
+        self.held[index] = None;
+    }
+}
+
+/// Encodes `columns`' rows in the order of `indices` as one Parquet file
+/// of `schema`: the file parquet's [`ArrowWriter`] makes of the rows in
+/// that order when its row groups are whole slices (a flush's one group),
+/// byte for byte, but made a column at a time. Each column's rows are
+/// reordered [`ENCODE_SLICE_ROWS`] at a time into that column's writer,
+/// whose chunk then goes into the row group before the next column's
+/// writer is made. So one column's pages, compressor and encoder state are
+/// held at a time, where the `ArrowWriter` holds every column's until the
+/// group ends (a flush of 40 000 GPU rows: 6 MB against 14 MB above the
+/// rows, benches/README.md), and the reordered rows are never held whole.
+/// Row groups are cut by row count only: `props` sets no byte limit and no
 /// content-defined chunking.
+///
+/// Each column is let go once its last group is encoded, so what a file
+/// holds is its sort key, its rows still packed and the one column being
+/// encoded: the memory a column frees is what the next one is made in.
 pub(crate) fn encode_in_order<E>(
     props: WriterProperties,
-    batch: &RecordBatch,
+    schema: &SchemaRef,
+    columns: &mut FileColumns<'_>,
     indices: &UInt32Array,
     take_error: impl Fn(ArrowError) -> E,
     write_error: impl Fn(ParquetError) -> E,
@@ -318,8 +368,7 @@ pub(crate) fn encode_in_order<E>(
         "row groups cut by size are the ArrowWriter's"
     );
     let group_rows = props.max_row_group_row_count().unwrap_or(usize::MAX).max(1);
-    let schema = batch.schema();
-    let (mut file, _) = in_memory_writer(Arc::clone(&schema), props, batch)
+    let (mut file, _) = in_memory_writer(Arc::clone(schema), props, columns.num_rows())
         .and_then(ArrowWriter::into_serialized_writer)
         .map_err(&write_error)?;
     let props = Arc::clone(file.properties());
@@ -327,20 +376,26 @@ pub(crate) fn encode_in_order<E>(
     let mut group_start = 0;
     while group_start < indices.len() {
         let group = indices.slice(group_start, group_rows.min(indices.len() - group_start));
+        let last_group = group_start + group.len() == indices.len();
         let group_index = file.flushed_row_groups().len();
         let mut row_group = file.next_row_group().map_err(&write_error)?;
-        for (field, column) in schema.fields().iter().zip(batch.columns()) {
+        for (index, field) in schema.fields().iter().enumerate() {
+            let column = columns.get(index);
             let mut chunk =
                 ColumnChunkWriter::new(field, &props, group_index).map_err(&write_error)?;
             let mut start = 0;
             while start < group.len() {
                 let len = ENCODE_SLICE_ROWS.min(group.len() - start);
                 let rows =
-                    rows_at(column, &group.slice(start, len), &mut nulls).map_err(&take_error)?;
+                    rows_at(&column, &group.slice(start, len), &mut nulls).map_err(&take_error)?;
                 chunk.write(&rows).map_err(&write_error)?;
                 start += len;
             }
             chunk.close_into(&mut row_group).map_err(&write_error)?;
+            if last_group {
+                drop(column);
+                columns.release(index);
+            }
         }
         row_group.close().map_err(&write_error)?;
         group_start += group.len();
@@ -416,14 +471,18 @@ impl ColumnChunkWriter {
     }
 }
 
-/// A Parquet writer into memory for the rows of `rows`, its buffer sized for
-/// them (encoded and compressed, they take a fraction of their Arrow size).
+/// Room a file's buffer starts with per row: more than a flush file takes
+/// compressed (about 30 bytes a GPU row with every field); room not
+/// written to is not resident.
+const FILE_ROOM_BYTES_PER_ROW: usize = 64;
+
+/// A Parquet writer into memory for `rows` rows, its buffer sized for them.
 fn in_memory_writer(
     schema: Arc<Schema>,
     props: WriterProperties,
-    rows: &RecordBatch,
+    rows: usize,
 ) -> Result<ArrowWriter<Vec<u8>>, ParquetError> {
-    let buf = Vec::with_capacity(rows.get_array_memory_size() / 4 + 4096);
+    let buf = Vec::with_capacity(rows * FILE_ROOM_BYTES_PER_ROW + 4096);
     ArrowWriter::try_new(buf, schema, Some(props))
 }
 
@@ -447,32 +506,46 @@ pub fn encode_with(
     props: WriterProperties,
     batch: &RecordBatch,
 ) -> Result<Bytes, ParquetError> {
-    let mut writer = in_memory_writer(schema, props, batch)?;
+    let mut writer = in_memory_writer(schema, props, batch.num_rows())?;
     writer.write(batch)?;
     finish(writer)
 }
 
-/// Sorts, encodes and stores one file. The object store makes the file
-/// visible atomically: a local store writes a staging file and renames it, S3
+/// Sorts, encodes and stores one file: [`encode_file`], then [`store_file`].
+pub async fn write_file(
+    store: &Store,
+    path: &PartitionPath,
+    batch: RecordBatch,
+) -> Result<u64, PersistError> {
+    let bytes = encode_file(path, Box::new(BatchColumns::from(batch))).await?;
+    store_file(store, path, bytes).await
+}
+
+/// Sorts and encodes one flush file off the runtime, making its columns
+/// and freeing them one at a time (see [`encode_in_order`]).
+pub async fn encode_file(
+    path: &PartitionPath,
+    mut rows: Box<dyn Columns>,
+) -> Result<Bytes, PersistError> {
+    let table = path.table();
+    let name = path.to_string();
+    off_runtime(move || sort_and_encode(table, rows.as_mut(), &name)).await
+}
+
+/// Stores one encoded file. The object store makes the file visible
+/// atomically: a local store writes a staging file and renames it, S3
 /// publishes an object only when its upload completes.
 ///
 /// A file whose very bytes a compaction already merged (a flush retried or
 /// replayed after it) is not written again, since its rows would then be
 /// stored twice; 0 bytes are reported for it. The check and the put hold a
 /// local store's lock together, so no compaction swaps the hour between them.
-pub async fn write_file(
+pub async fn store_file(
     store: &Store,
     path: &PartitionPath,
-    batch: &RecordBatch,
+    bytes: Bytes,
 ) -> Result<u64, PersistError> {
-    let table = path.table();
     let name = path.to_string();
-    let batch = batch.clone();
-    let bytes = off_runtime({
-        let name = name.clone();
-        move || sort_and_encode(table, &batch, &name)
-    })
-    .await?;
     let _lock = store.write_lock().await.map_err(|e| PersistError::Store {
         path: name.clone(),
         source: object_store::Error::Generic {
@@ -592,7 +665,7 @@ mod tests {
         // 24 000 rows: two whole slices and a partial one.
         let batch = unsorted_gpu_rows(25, 8, 120);
         assert!(batch.num_rows() > 2 * ENCODE_SLICE_ROWS);
-        let by_slices = sort_and_encode(Table::Gpu, &batch, "gpu/x.parquet").expect("encode");
+        let by_slices = encode_batch(Table::Gpu, &batch, "gpu/x.parquet").expect("encode");
         let sorted = sort_rows(Table::Gpu, &batch).expect("sort");
         let whole = encode(Table::Gpu, Table::Gpu.schema(), &sorted).expect("encode");
         let read_back = |bytes: Bytes| {
@@ -699,10 +772,28 @@ mod tests {
         }
         buffer
             .take()
-            .expect("assembled")
             .into_iter()
-            .map(|(table, _, batch)| (table, batch))
+            .map(|(table, _, mut rows)| {
+                let batch = gputel_schemas::take_batch(rows.as_mut(), table.schema());
+                (table, batch.expect("assembled"))
+            })
             .collect()
+    }
+
+    /// [`sort_and_encode`] of a record batch's rows.
+    fn encode_batch(table: Table, batch: &RecordBatch, name: &str) -> Result<Bytes, PersistError> {
+        sort_and_encode(table, &mut BatchColumns::from(batch.clone()), name)
+    }
+
+    /// [`encode_in_order`] of a record batch's rows.
+    fn encode_batch_in_order(
+        props: WriterProperties,
+        batch: &RecordBatch,
+        indices: &UInt32Array,
+    ) -> Result<Bytes, ParquetError> {
+        let mut rows = BatchColumns::from(batch.clone());
+        let mut columns = FileColumns::new(&mut rows, batch.num_columns());
+        encode_in_order(props, &batch.schema(), &mut columns, indices, ParquetError::from, |e| e)
     }
 
     /// Every row of a Parquet file, in one batch.
@@ -724,7 +815,7 @@ mod tests {
         batch: &RecordBatch,
         indices: &UInt32Array,
     ) -> Bytes {
-        let mut writer = in_memory_writer(batch.schema(), props, batch).expect("writer");
+        let mut writer = in_memory_writer(batch.schema(), props, batch.num_rows()).expect("writer");
         write_in_order(&mut writer, batch, indices, ParquetError::from, |e| e).expect("write");
         finish(writer).expect("finish")
     }
@@ -747,7 +838,7 @@ mod tests {
         for (table, batch) in &tables {
             let indices = sort_indices(*table, batch).expect("sort");
             let reference = written_in_order(writer_properties(*table), batch, &indices);
-            let encoded = sort_and_encode(*table, batch, "x.parquet").expect("encode");
+            let encoded = encode_batch(*table, batch, "x.parquet").expect("encode");
             assert!(
                 encoded == reference,
                 "{table}: {} bytes against the ArrowWriter's {}",
@@ -761,7 +852,7 @@ mod tests {
             .find(|(t, _)| *t == Table::Gpu)
             .expect("gpu rows");
         let sorted = sort_rows(Table::Gpu, gpu).expect("sort");
-        let read = read_rows(sort_and_encode(Table::Gpu, gpu, "gpu.parquet").expect("encode"));
+        let read = read_rows(encode_batch(Table::Gpu, gpu, "gpu.parquet").expect("encode"));
         assert_eq!(read.num_rows(), 28_800);
         for name in [
             "node",
@@ -797,7 +888,7 @@ mod tests {
         };
         let indices = sort_indices(Table::Gpu, &gpu).expect("sort");
         let bytes =
-            encode_in_order(props(), &gpu, &indices, ParquetError::from, |e| e).expect("encode");
+            encode_batch_in_order(props(), &gpu, &indices).expect("encode");
         let groups: Vec<i64> = parquet::file::metadata::ParquetMetaDataReader::new()
             .parse_and_finish(&bytes)
             .expect("footer")
@@ -819,7 +910,7 @@ mod tests {
         let indices = UInt32Array::from(Vec::<u32>::new());
         let props = || writer_properties(Table::Gpu);
         let encoded =
-            encode_in_order(props(), &batch, &indices, ParquetError::from, |e| e).expect("encode");
+            encode_batch_in_order(props(), &batch, &indices).expect("encode");
         assert!(encoded == written_in_order(props(), &batch, &indices));
         let reader = ParquetRecordBatchReaderBuilder::try_new(encoded).expect("footer");
         assert_eq!(reader.metadata().file_metadata().num_rows(), 0);

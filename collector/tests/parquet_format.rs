@@ -16,7 +16,7 @@ use gputel_collector::buffer::WriteBuffer;
 use gputel_collector::persist::{self, write_file};
 use gputel_collector::validate::validate_batch;
 use gputel_proto::{Batch, GpuSample, IbPortSample, NodeSample};
-use gputel_schemas::{PartitionPath, Table};
+use gputel_schemas::{PartitionKey, PartitionPath, Table};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::basic::{CompressionCodec, Encoding, LogicalType, TimeUnit};
 use parquet::file::metadata::SortingColumn;
@@ -195,11 +195,23 @@ async fn write_store(dir: &Path) {
         );
     }
     assert_eq!(buffer.rows(), 9 + 3 + 6);
-    for (table, key, batch) in buffer.take().expect("buffer assembles") {
+    for (table, key, batch) in take_batches(&mut buffer) {
         let path = PartitionPath::new(table, key, STEM).expect("valid stem");
-        write_file(&store, &path, &batch).await.expect("write file");
+        write_file(&store, &path, batch).await.expect("write file");
     }
     assert_eq!(buffer.rows(), 0);
+}
+
+/// What the buffer holds, as one record batch per table and partition.
+fn take_batches(buffer: &mut WriteBuffer) -> Vec<(Table, PartitionKey, RecordBatch)> {
+    buffer
+        .take()
+        .into_iter()
+        .map(|(table, key, mut rows)| {
+            let batch = gputel_schemas::take_batch(rows.as_mut(), table.schema());
+            (table, key, batch.expect("buffer assembles"))
+        })
+        .collect()
 }
 
 /// Every file under `dir`, as `/`-separated paths relative to it.
@@ -833,9 +845,7 @@ async fn a_flush_repeated_after_compaction_writes_nothing_twice() {
             ..Default::default()
         };
         buffer.append("n1", validate_batch(&batch, NOW).expect("valid"));
-        buffer
-            .take()
-            .expect("buffer assembles")
+        take_batches(&mut buffer)
             .into_iter()
             .find(|(table, _, _)| *table == Table::Gpu)
             .expect("gpu rows")
@@ -845,13 +855,13 @@ async fn a_flush_repeated_after_compaction_writes_nothing_twice() {
     let first_path = PartitionPath::new(Table::Gpu, key, "c1-0000000000000001").expect("stem");
     let second_path = PartitionPath::new(Table::Gpu, key, "c1-0000000000000002").expect("stem");
     assert!(
-        write_file(&store, &first_path, &first)
+        write_file(&store, &first_path, first.clone())
             .await
             .expect("write")
             > 0
     );
     assert!(
-        write_file(&store, &second_path, &second)
+        write_file(&store, &second_path, second.clone())
             .await
             .expect("write")
             > 0
@@ -872,7 +882,7 @@ async fn a_flush_repeated_after_compaction_writes_nothing_twice() {
 
     // The same bytes again: already merged, not written.
     assert_eq!(
-        write_file(&store, &first_path, &first)
+        write_file(&store, &first_path, first.clone())
             .await
             .expect("write"),
         0
@@ -882,7 +892,7 @@ async fn a_flush_repeated_after_compaction_writes_nothing_twice() {
     // The same name with other rows: written.
     let (_, _, other) = gpu_batch(10..12);
     assert!(
-        write_file(&store, &first_path, &other)
+        write_file(&store, &first_path, other.clone())
             .await
             .expect("write")
             > 0
@@ -929,9 +939,7 @@ async fn an_hour_too_large_to_sort_at_once_loses_every_duplicate() {
                 validate_batch(&batch, NOW + 3_600_000_000).expect("valid"),
             );
         }
-        buffer
-            .take()
-            .expect("buffer assembles")
+        take_batches(&mut buffer)
             .into_iter()
             .find(|(table, _, _)| *table == Table::Gpu)
             .expect("gpu rows")
@@ -947,7 +955,7 @@ async fn an_hour_too_large_to_sort_at_once_loses_every_duplicate() {
     for (stem, ticks, temperature) in inputs.clone() {
         let (_, key, rows) = gpu_rows(ticks, temperature);
         let path = PartitionPath::new(Table::Gpu, key, stem).expect("stem");
-        write_file(&store, &path, &rows).await.expect("write");
+        write_file(&store, &path, rows).await.expect("write");
     }
     assert_eq!(rows_in(dir.path(), "gpu", "hour=06"), (3, 3600));
 
@@ -1091,7 +1099,7 @@ async fn an_hour_too_large_to_sort_at_once_loses_every_duplicate() {
     // A file flushed into it later merges it again, with its compacted files.
     let (_, key, rows) = gpu_rows(100..101, 70);
     let path = PartitionPath::new(Table::Gpu, key, "d4-0000000000000001").expect("stem");
-    write_file(&store, &path, &rows).await.expect("write");
+    write_file(&store, &path, rows).await.expect("write");
     let late = compact::compact(&store, NOW + 7_200_000_000, &options, &mut lease)
         .await
         .expect("compaction");
@@ -1123,7 +1131,7 @@ async fn an_hour_too_large_to_sort_at_once_loses_every_duplicate() {
     for (stem, ticks, temperature) in inputs {
         let (_, key, rows) = gpu_rows(ticks, temperature);
         let path = PartitionPath::new(Table::Gpu, key, stem).expect("stem");
-        write_file(&other_store, &path, &rows).await.expect("write");
+        write_file(&other_store, &path, rows).await.expect("write");
     }
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_gputel-collector"))
         .args(["compact", "--table", "gpu", "--store"])

@@ -7,12 +7,14 @@
 use std::sync::Arc;
 
 use arrow_array::builder::{
-    ArrayBuilder, BooleanBuilder, Float32Builder, Float64Builder, Int32Builder, Int64Builder,
+    ArrayBuilder, BooleanBufferBuilder, BooleanBuilder, Float32Builder, Float64Builder,
     ListBuilder, MapBuilder, MapFieldNames, PrimitiveBuilder, StringBuilder,
-    StringDictionaryBuilder, TimestampMicrosecondBuilder,
+    StringDictionaryBuilder,
 };
-use arrow_array::types::Int32Type;
-use arrow_array::{ArrayRef, ArrowPrimitiveType, new_null_array};
+use arrow_array::types::{Int32Type, Int64Type, TimestampMicrosecondType};
+use arrow_array::cast::AsArray;
+use arrow_array::{Array, ArrayRef, ArrowPrimitiveType, PrimitiveArray, new_null_array};
+use arrow_buffer::NullBuffer;
 use arrow_schema::{DataType, Field, TimeUnit};
 use gputel_proto::{EventKind, ProfilingSource};
 
@@ -193,27 +195,11 @@ pub enum Timestamp {}
 #[derive(Debug)]
 pub enum OtherTimestamp {}
 
-/// Builds UTC timestamps.
-#[derive(Debug)]
-pub struct TimestampBuilder(TimestampMicrosecondBuilder);
-
-impl Default for TimestampBuilder {
-    fn default() -> Self {
-        TimestampBuilder::with_capacity(0)
-    }
-}
-
-impl TimestampBuilder {
-    fn with_capacity(rows: usize) -> Self {
-        TimestampBuilder(TimestampMicrosecondBuilder::with_capacity(rows).with_timezone("UTC"))
-    }
-}
-
 impl ColumnKind for Timestamp {
     type Value<'a> = i64;
-    type Builder = TimestampBuilder;
-    fn builder(rows: usize) -> TimestampBuilder {
-        TimestampBuilder::with_capacity(rows)
+    type Builder = Packed;
+    fn builder(rows: usize) -> Packed {
+        Packed::with_room(rows)
     }
     fn field(name: &'static str) -> Field {
         Field::new(name, timestamp_type(), false)
@@ -228,27 +214,27 @@ impl ColumnKind for Timestamp {
         }
         Ok(())
     }
-    fn put(builder: &mut TimestampBuilder, v: i64) {
-        builder.0.append_value(v);
+    fn put(builder: &mut Packed, v: i64) {
+        builder.append(Some(v));
     }
-    fn finish(builder: &mut TimestampBuilder, _: &mut SharedNulls) -> ArrayRef {
-        Arc::new(builder.0.finish())
+    fn finish(builder: &mut Packed, nulls: &mut SharedNulls) -> ArrayRef {
+        builder.finish::<TimestampMicrosecondType>(&timestamp_type(), nulls)
     }
 }
 
 impl ColumnKind for OtherTimestamp {
     type Value<'a> = i64;
-    type Builder = TimestampBuilder;
-    fn builder(rows: usize) -> TimestampBuilder {
+    type Builder = Packed;
+    fn builder(rows: usize) -> Packed {
         Timestamp::builder(rows)
     }
     fn field(name: &'static str) -> Field {
         Timestamp::field(name)
     }
-    fn put(builder: &mut TimestampBuilder, v: i64) {
+    fn put(builder: &mut Packed, v: i64) {
         Timestamp::put(builder, v);
     }
-    fn finish(builder: &mut TimestampBuilder, nulls: &mut SharedNulls) -> ArrayRef {
+    fn finish(builder: &mut Packed, nulls: &mut SharedNulls) -> ArrayRef {
         Timestamp::finish(builder, nulls)
     }
 }
@@ -555,6 +541,191 @@ impl<B: DeferredBuilder> Lazy<B> {
     }
 }
 
+/// Bytes of room a [`Packed`] column starts with per row it is made for.
+/// Most values take one or two (see [`Packed`]); a column whose values take
+/// more grows as it fills.
+const PACKED_ROOM_BYTES: usize = 2;
+
+/// Integers held packed until their column is finished: each value as the
+/// zigzag LEB128 varint of its difference from the value before it in the
+/// column, the rows without one in a validity bitmap made at the first of
+/// them. The write buffer's rows come a node's tick at a time, so a value's
+/// neighbour is the same tick's next GPU or port: timestamps, clocks,
+/// memory sizes, limits and error counts differ from it by little or
+/// nothing and take a byte, where Arrow's builders take 4 or 8 for every
+/// row (benches/README.md, "the write buffer's integers packed"). The
+/// column becomes an Arrow array only when it is finished, one column at a
+/// time as a flush encodes it.
+#[derive(Debug, Default)]
+pub struct Packed {
+    /// Rows the first value makes room for.
+    room: usize,
+    bytes: Vec<u8>,
+    /// The value the next one is a difference from.
+    last: i64,
+    rows: usize,
+    /// Rows with a value.
+    values: usize,
+    /// Which rows have a value; None until a row has none.
+    validity: Option<BooleanBufferBuilder>,
+}
+
+impl Packed {
+    /// A column that, once a value comes, has room for `rows` rows.
+    pub fn with_room(rows: usize) -> Self {
+        Self {
+            room: rows,
+            ..Self::default()
+        }
+    }
+
+    /// Appends a row's value, or a row without one.
+    pub fn append(&mut self, v: Option<i64>) {
+        match v {
+            Some(v) => {
+                if self.bytes.capacity() == 0 {
+                    self.bytes
+                        .reserve(self.room.max(self.rows + 1) * PACKED_ROOM_BYTES);
+                }
+                let delta = v.wrapping_sub(self.last);
+                self.last = v;
+                let mut zigzag = ((delta << 1) ^ (delta >> 63)) as u64;
+                while zigzag >= 0x80 {
+                    self.bytes.push(zigzag as u8 | 0x80);
+                    zigzag >>= 7;
+                }
+                self.bytes.push(zigzag as u8);
+                self.values += 1;
+                if let Some(validity) = &mut self.validity {
+                    validity.append(true);
+                }
+            }
+            None => {
+                let (rows, room) = (self.rows, self.room);
+                self.validity
+                    .get_or_insert_with(|| {
+                        let mut validity = BooleanBufferBuilder::new(room.max(rows + 1));
+                        validity.append_n(rows, true);
+                        validity
+                    })
+                    .append(false);
+            }
+        }
+        self.rows += 1;
+    }
+
+    /// The rows appended so far as an array of `data_type`, whose values
+    /// are `T`'s (if no row has a value, `shared`'s all-null array of that
+    /// type and length); starts over, its memory freed.
+    pub fn finish<T: ArrowPrimitiveType>(
+        &mut self,
+        data_type: &DataType,
+        shared: &mut SharedNulls,
+    ) -> ArrayRef
+    where
+        T::Native: TryFrom<i64>,
+    {
+        std::mem::take(self).array::<T>(data_type, shared)
+    }
+
+    /// The rows appended so far as an array, as [`Packed::finish`] makes
+    /// it, but keeping them.
+    pub fn array<T: ArrowPrimitiveType>(
+        &self,
+        data_type: &DataType,
+        shared: &mut SharedNulls,
+    ) -> ArrayRef
+    where
+        T::Native: TryFrom<i64>,
+    {
+        if self.values == 0 && self.rows > 0 {
+            return shared.of(data_type, self.rows);
+        }
+        let nulls = self.validity.as_ref().map(|v| NullBuffer::new(v.finish_cloned()));
+        let mut values = Vec::with_capacity(self.rows);
+        let mut bytes = self.bytes.iter();
+        let mut last = 0i64;
+        for row in 0..self.rows {
+            if nulls.as_ref().is_some_and(|n| n.is_null(row)) {
+                values.push(T::Native::default());
+                continue;
+            }
+            let mut zigzag = 0u64;
+            let mut shift = 0;
+            for &byte in bytes.by_ref() {
+                zigzag |= u64::from(byte & 0x7f) << shift;
+                if byte < 0x80 {
+                    break;
+                }
+                shift += 7;
+            }
+            last = last.wrapping_add((zigzag >> 1) as i64 ^ -((zigzag & 1) as i64));
+            // The kinds' checks keep every value within its type.
+            values.push(T::Native::try_from(last).unwrap_or_default());
+        }
+        Arc::new(PrimitiveArray::<T>::new(values.into(), nulls).with_data_type(data_type.clone()))
+    }
+
+    /// Appends every row of `array`, an integer or timestamp array; false
+    /// (and nothing appended) for an array of another type.
+    pub fn extend_from(&mut self, array: &dyn Array) -> bool {
+        fn extend<T: ArrowPrimitiveType>(packed: &mut Packed, array: &dyn Array)
+        where
+            T::Native: Into<i64>,
+        {
+            for v in array.as_primitive::<T>() {
+                packed.append(v.map(Into::into));
+            }
+        }
+        match array.data_type() {
+            DataType::Int32 => extend::<Int32Type>(self, array),
+            DataType::Int64 => extend::<Int64Type>(self, array),
+            DataType::Timestamp(TimeUnit::Microsecond, _) => {
+                extend::<TimestampMicrosecondType>(self, array);
+            }
+            _ => return false,
+        }
+        true
+    }
+
+    /// Bytes the values take packed.
+    pub fn packed_bytes(&self) -> usize {
+        self.bytes.len()
+    }
+}
+
+/// Declares integer kinds held [`Packed`]: `Kind(value type) => Arrow
+/// type, nullable, check, conversion to an optional i64` (a value the
+/// check passed fits the Arrow type).
+macro_rules! packed_kind {
+    ($(#[$doc:meta])* $kind:ident($value:ty) => $arrow:ty, nullable: $nullable:literal,
+     check: |$row:ident, $name:ident, $v:ident| $check:expr, store: |$s:ident| $store:expr) => {
+        $(#[$doc])*
+        #[derive(Debug)]
+        pub enum $kind {}
+
+        impl ColumnKind for $kind {
+            type Value<'a> = $value;
+            type Builder = Packed;
+            fn builder(rows: usize) -> Packed {
+                Packed::with_room(rows)
+            }
+            fn field(name: &'static str) -> Field {
+                Field::new(name, <$arrow as ArrowPrimitiveType>::DATA_TYPE, $nullable)
+            }
+            fn check($row: RowContext, $name: &'static str, $v: $value) -> Result<(), ColumnError> {
+                $check
+            }
+            fn put(builder: &mut Packed, $s: $value) {
+                builder.append($store);
+            }
+            fn finish(builder: &mut Packed, nulls: &mut SharedNulls) -> ArrayRef {
+                builder.finish::<$arrow>(&<$arrow as ArrowPrimitiveType>::DATA_TYPE, nulls)
+            }
+        }
+    };
+}
+
 /// Declares integer and float kinds: `Kind(value type) => Arrow type, builder,
 /// nullable, check, conversion to the stored type`. A nullable kind's builder
 /// is [`Lazy`].
@@ -613,51 +784,41 @@ macro_rules! number_kind {
     };
 }
 
-/// Validation keeps every stored integer within its column's range; these
-/// conversions only keep the types honest.
-fn to_i32(v: u32) -> i32 {
-    i32::try_from(v).unwrap_or(i32::MAX)
-}
-
-fn to_i64(v: u64) -> i64 {
-    i64::try_from(v).unwrap_or(i64::MAX)
-}
-
-number_kind!(
+packed_kind!(
     /// An unsigned 32-bit value stored as INT32 (at most 2^31-1).
-    U32(u32) => DataType::Int32, Int32Builder, nullable: false,
+    U32(u32) => Int32Type, nullable: false,
     check: |row, name, v| row.int32(name, v),
-    store: |v| to_i32(v)
+    store: |v| Some(i64::from(v))
 );
-number_kind!(
+packed_kind!(
     /// An optional unsigned 32-bit value stored as INT32 (at most 2^31-1).
-    OptU32(Option<u32>) => DataType::Int32, Int32Builder, nullable: true,
+    OptU32(Option<u32>) => Int32Type, nullable: true,
     check: |row, name, v| v.map_or(Ok(()), |v| row.int32(name, v)),
-    store: |v| v.map(to_i32)
+    store: |v| v.map(i64::from)
 );
-number_kind!(
+packed_kind!(
     /// An optional unsigned 32-bit value stored as INT64 (milliwatts: no range to check).
-    OptU32Wide(Option<u32>) => DataType::Int64, Int64Builder, nullable: true,
+    OptU32Wide(Option<u32>) => Int64Type, nullable: true,
     check: |_row, _name, _v| Ok(()),
     store: |v| v.map(i64::from)
 );
-number_kind!(
+packed_kind!(
     /// An unsigned 64-bit value stored as INT64 (at most 2^63-1).
-    U64(u64) => DataType::Int64, Int64Builder, nullable: false,
+    U64(u64) => Int64Type, nullable: false,
     check: |row, name, v| row.int64(name, v),
-    store: |v| to_i64(v)
+    store: |v| Some(v as i64)
 );
-number_kind!(
+packed_kind!(
     /// An optional unsigned 64-bit value stored as INT64 (at most 2^63-1).
-    OptU64(Option<u64>) => DataType::Int64, Int64Builder, nullable: true,
+    OptU64(Option<u64>) => Int64Type, nullable: true,
     check: |row, name, v| v.map_or(Ok(()), |v| row.int64(name, v)),
-    store: |v| v.map(to_i64)
+    store: |v| v.map(|v| v as i64)
 );
-number_kind!(
+packed_kind!(
     /// A signed 64-bit count the collector computes itself.
-    I64(i64) => DataType::Int64, Int64Builder, nullable: false,
+    I64(i64) => Int64Type, nullable: false,
     check: |_row, _name, _v| Ok(()),
-    store: |v| v
+    store: |v| Some(v)
 );
 number_kind!(
     /// An optional 32-bit float that cannot be negative (a share in percent,
@@ -786,7 +947,7 @@ mod tests {
         for _ in 0..5 {
             OptU64::put(&mut b, None);
         }
-        assert!(b.values.is_none(), "no builder before the first value");
+        assert_eq!(b.bytes.capacity(), 0, "no room before the first value");
         let array = OptU64::finish(&mut b, &mut SharedNulls::default());
         assert_eq!(array.data_type(), &DataType::Int64);
         assert_eq!((array.len(), array.null_count()), (5, 5));
@@ -874,7 +1035,71 @@ mod tests {
         OptU32::put(&mut b, None);
         let array = OptU32::finish(&mut b, &mut SharedNulls::default());
         assert_eq!((array.len(), array.null_count()), (1, 1));
-        assert!(b.values.is_none());
+        assert_eq!((b.rows, b.bytes.capacity()), (0, 0));
         assert_eq!(OptU32::finish(&mut b, &mut SharedNulls::default()).len(), 0);
+    }
+
+    /// Every value comes back as it went in, whatever the differences
+    /// between neighbours: none, a sign change, the extremes of i64 (whose
+    /// difference wraps), nulls before, between and after values.
+    #[test]
+    fn packed_integers_come_back_exactly() {
+        let cases: Vec<Vec<Option<i64>>> = vec![
+            vec![Some(0), Some(0), Some(1), Some(-1), Some(63), Some(64), Some(-64), Some(-65)],
+            vec![Some(i64::MAX), Some(i64::MIN), Some(i64::MAX), Some(0), Some(i64::MIN)],
+            vec![None, None, Some(7), None, Some(9), Some(9), None],
+            vec![Some(1_700_000_000_000_000), Some(1_700_000_000_000_000), Some(1_700_000_001_000_000)],
+            (0..1000).map(|i| (i % 7 != 0).then_some(i * i * 1_000_003 - 500_000_000)).collect(),
+        ];
+        for values in cases {
+            let mut b = Packed::with_room(4);
+            for &v in &values {
+                b.append(v);
+            }
+            let array = b.finish::<Int64Type>(&DataType::Int64, &mut SharedNulls::default());
+            assert_eq!(array.as_primitive::<Int64Type>(), &Int64Array::from(values));
+        }
+        let mut b = OptU32::builder(0);
+        for v in [Some(0), None, Some(u32::try_from(i32::MAX).expect("fits")), Some(80)] {
+            OptU32::put(&mut b, v);
+        }
+        let array = OptU32::finish(&mut b, &mut SharedNulls::default());
+        assert_eq!(
+            array.as_primitive::<Int32Type>(),
+            &arrow_array::Int32Array::from(vec![Some(0), None, Some(i32::MAX), Some(80)])
+        );
+        let mut b = Timestamp::builder(0);
+        Timestamp::put(&mut b, 1_795_172_400_000_000);
+        let array = Timestamp::finish(&mut b, &mut SharedNulls::default());
+        assert_eq!(array.data_type(), &timestamp_type());
+        assert_eq!(array.as_primitive::<TimestampMicrosecondType>().value(0), 1_795_172_400_000_000);
+    }
+
+    /// What a tick of a node's 8 GPUs takes packed, against Arrow's 8 bytes
+    /// a value: the same timestamp, a memory total, ECC counts of zero and
+    /// power that differs from GPU to GPU.
+    #[test]
+    fn neighbouring_values_take_a_byte_or_two() {
+        let packed_bytes = |values: &[i64]| {
+            let mut b = Packed::with_room(values.len());
+            for &v in values {
+                b.append(Some(v));
+            }
+            b.bytes.len()
+        };
+        let ticks = |per_tick: &dyn Fn(i64, i64) -> i64| -> Vec<i64> {
+            (0..100).flat_map(|t| (0..8).map(move |gpu| (t, gpu))).map(|(t, g)| per_tick(t, g)).collect()
+        };
+        // 800 values each: 100 ticks of 8 GPUs.
+        let ts = packed_bytes(&ticks(&|t, _| 1_795_172_400_000_000 + t * 1_000_000));
+        let total = packed_bytes(&ticks(&|_, _| 85_520_809_984));
+        let ecc = packed_bytes(&ticks(&|_, _| 0));
+        let power = packed_bytes(&ticks(&|t, g| 500_000 + (t * 37 + g * 1013) % 40_000));
+        // The first value is whole; after it, a tick's step of a second is
+        // 3 bytes and the same time again 1.
+        assert_eq!(ts, 8 + 99 * 3 + 700);
+        assert_eq!(total, 6 + 799);
+        assert_eq!(ecc, 800);
+        assert!(power < 800 * 3, "{power}");
     }
 }

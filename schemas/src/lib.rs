@@ -28,6 +28,6 @@ pub use column::{ColumnError, RowContext, SharedNulls};
 pub use partition::{PartitionError, PartitionKey, PartitionPath};
 pub use scheduler_job::{JobTracePath, Month, scheduler_job_schema};
 pub use tables::{
-    AlertRows, EventRows, EventSource, GpuProcessRows, GpuRows, IbRows, JobRows, JobSpan, NodeRows,
-    RowKey, Table, col, describe_schema, golden_path,
+    AlertRows, BatchColumns, Columns, EventRows, EventSource, GpuProcessRows, GpuRows, IbRows,
+    JobRows, JobSpan, NodeRows, RowKey, Table, col, describe_schema, golden_path, take_batch,
 };

@@ -1,8 +1,8 @@
 use std::path::PathBuf;
 use std::sync::{Arc, LazyLock};
 
-use arrow_array::ArrayRef;
-use arrow_schema::{Field, Schema, SchemaRef};
+use arrow_array::{ArrayRef, RecordBatch};
+use arrow_schema::{ArrowError, Field, Schema, SchemaRef};
 use gputel_proto::clock_event_reasons as reason;
 use gputel_proto::{
     AlertRow, GpuEvent, GpuProcess, GpuSample, IbPortSample, NodeEvent, NodeSample,
@@ -159,6 +159,8 @@ macro_rules! table {
         #[derive(Default)]
         pub struct $rows {
             $($col: <$kind as ColumnKind>::Builder,)*
+            /// Rows appended since the columns were last finished.
+            appended: usize,
         }
 
         impl std::fmt::Debug for $rows {
@@ -183,22 +185,91 @@ macro_rules! table {
             pub fn with_capacity(rows: usize) -> Self {
                 Self {
                     $($col: <$kind as ColumnKind>::builder(rows),)*
+                    appended: 0,
                 }
             }
 
             /// Appends one row that passed [`Self::check`].
             pub fn push(&mut self, $node: &str, $s: &$source) {
                 $(<$kind as ColumnKind>::put(&mut self.$col, $value);)*
+                self.appended += 1;
             }
 
             /// The rows appended so far, as columns in schema order; starts over.
             /// Columns without a value share one all-null array per type.
             pub fn finish(&mut self) -> Vec<ArrayRef> {
                 let mut nulls = SharedNulls::default();
+                self.appended = 0;
                 vec![$(<$kind as ColumnKind>::finish(&mut self.$col, &mut nulls),)*]
             }
         }
+
+        impl Columns for $rows {
+            fn num_rows(&self) -> usize {
+                self.appended
+            }
+
+            #[allow(unused_assignments)]
+            fn take_column(&mut self, index: usize, nulls: &mut SharedNulls) -> ArrayRef {
+                let mut at = 0;
+                $(
+                    if at == index {
+                        return <$kind as ColumnKind>::finish(&mut self.$col, nulls);
+                    }
+                    at += 1;
+                )*
+                panic!("{} has no column {index}", stringify!($rows))
+            }
+        }
     };
+}
+
+/// A table's rows as columns taken one at a time: the write buffer's rows,
+/// whose columns become Arrow arrays only as a flush encodes them, one
+/// after the other, or a record batch's ([`BatchColumns`]).
+pub trait Columns: Send + std::fmt::Debug {
+    /// Rows in each column.
+    fn num_rows(&self) -> usize;
+    /// Column `index`, in schema order, as an array; each column is taken
+    /// once, and the rows no longer hold it after. A column without a value
+    /// may be `nulls`'s all-null array of its type, shared with others.
+    fn take_column(&mut self, index: usize, nulls: &mut SharedNulls) -> ArrayRef;
+}
+
+/// A record batch's columns, each given up as it is taken.
+#[derive(Debug)]
+pub struct BatchColumns {
+    rows: usize,
+    columns: Vec<Option<ArrayRef>>,
+}
+
+impl From<RecordBatch> for BatchColumns {
+    fn from(batch: RecordBatch) -> Self {
+        let rows = batch.num_rows();
+        let columns = batch.into_parts().1.into_iter().map(Some).collect();
+        Self { rows, columns }
+    }
+}
+
+impl Columns for BatchColumns {
+    fn num_rows(&self) -> usize {
+        self.rows
+    }
+
+    fn take_column(&mut self, index: usize, _: &mut SharedNulls) -> ArrayRef {
+        self.columns[index]
+            .take()
+            .expect("each column is taken once")
+    }
+}
+
+/// Every column of `rows` as a record batch of `schema`.
+pub fn take_batch(rows: &mut dyn Columns, schema: SchemaRef) -> Result<RecordBatch, ArrowError> {
+    let mut nulls = SharedNulls::default();
+    let columns = (0..schema.fields().len())
+        .map(|index| rows.take_column(index, &mut nulls))
+        .collect();
+    RecordBatch::try_new(schema, columns)
 }
 
 table!(

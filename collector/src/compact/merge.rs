@@ -21,15 +21,16 @@ use std::sync::Arc;
 
 use arrow_array::builder::{Int32Builder, StringBuilder, StringDictionaryBuilder};
 use arrow_array::cast::AsArray;
-use arrow_array::types::Int32Type;
+use arrow_array::types::{Int32Type, Int64Type, TimestampMicrosecondType};
 use arrow_array::{Array, ArrayRef, DictionaryArray, UInt32Array};
 use arrow_ipc::reader::StreamReader;
 use arrow_ipc::writer::{
     DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions, write_message,
 };
 use arrow_ord::ord::{DynComparator, make_comparator};
-use arrow_schema::{DataType, Field, Schema, SchemaRef, SortOptions};
+use arrow_schema::{DataType, Field, Schema, SchemaRef, SortOptions, TimeUnit};
 use arrow_select::take::{take, take_record_batch};
+use gputel_schemas::column::Packed;
 use gputel_schemas::{RowKey, SharedNulls};
 use parquet::arrow::{ArrowWriter, ProjectionMask};
 use parquet::file::properties::{WriterProperties, WriterPropertiesPtr};
@@ -588,9 +589,21 @@ impl BucketRows {
             .filter(|(i, _)| !null[*i])
             .map(|(i, f)| (i, f.data_type().clone()))
             .collect();
+        for (i, data_type) in &spilled {
+            if packs(data_type) {
+                columns.packed[*i] = Some(Packed::default());
+            }
+        }
         let mut pending: Vec<RecordBatch> = Vec::with_capacity(PARTS_PER_CHUNK);
         let join = |pending: &mut Vec<RecordBatch>, columns: &mut BucketColumns| {
             for (at, (i, data_type)) in spilled.iter().enumerate() {
+                if let Some(packed) = &mut columns.packed[*i] {
+                    for batch in pending.iter() {
+                        let packs = packed.extend_from(batch.column(at).as_ref());
+                        debug_assert!(packs, "an integer column of the table");
+                    }
+                    continue;
+                }
                 let parts: Vec<&dyn Array> =
                     pending.iter().map(|b| b.column(at).as_ref()).collect();
                 columns.parts[*i].push(match data_type {
@@ -625,15 +638,21 @@ const PARTS_PER_CHUNK: usize = 32;
 
 /// A bucket's rows, a column at a time: each column as the parts it was
 /// read in (a spill file's joined [`PARTS_PER_CHUNK`] messages at a time),
-/// made whole only while it is sorted by, compared or written, and freed
-/// once written. Sorting a bucket's rows needs its key columns
-/// whole; writing them, one column at a time. Held as one concatenated
-/// batch, the bucket would be in memory twice while it is concatenated,
-/// and whole until its last column is written.
+/// or, read from a spill file, an integer or timestamp column packed
+/// ([`Packed`]: each value as the varint of its difference from the one
+/// before, the same GPU's or port's previous tick in a flushed file's
+/// order, a byte or two where Arrow takes 4 or 8); made whole only while
+/// it is sorted by, compared or written, and freed once written. Sorting
+/// a bucket's rows needs its key columns whole; writing them, one column
+/// at a time. Held as one concatenated batch, the bucket would be in
+/// memory twice while it is concatenated, and whole until its last column
+/// is written.
 pub(super) struct BucketColumns {
     schema: SchemaRef,
-    /// Each column's parts; none for a column null in every row.
+    /// Each column's parts; none for a column null in every row, or packed.
     parts: Vec<Vec<ArrayRef>>,
+    /// Integer and timestamp columns read from a spill file.
+    packed: Vec<Option<Packed>>,
     /// Columns made whole and kept, for sorting or comparing rows.
     whole: Vec<Option<ArrayRef>>,
     rows: usize,
@@ -654,6 +673,7 @@ impl BucketColumns {
         }
         Self {
             whole: vec![None; parts.len()],
+            packed: parts.iter().map(|_| None).collect(),
             schema,
             parts,
             rows,
@@ -675,6 +695,14 @@ impl BucketColumns {
         if let Some(whole) = &self.whole[i] {
             return Ok(Arc::clone(whole));
         }
+        if let Some(packed) = &self.packed[i] {
+            let data_type = self.schema.field(i).data_type();
+            return Ok(match data_type {
+                DataType::Int32 => packed.array::<Int32Type>(data_type, &mut self.nulls),
+                DataType::Int64 => packed.array::<Int64Type>(data_type, &mut self.nulls),
+                _ => packed.array::<TimestampMicrosecondType>(data_type, &mut self.nulls),
+            });
+        }
         let parts = &self.parts[i];
         if parts.iter().all(|a| a.null_count() == a.len()) {
             return Ok(self.nulls.of(self.schema.field(i).data_type(), self.rows));
@@ -694,6 +722,7 @@ impl BucketColumns {
         let whole = self.column(i)?;
         self.whole[i] = Some(Arc::clone(&whole));
         self.parts[i] = Vec::new();
+        self.packed[i] = None;
         Ok(whole)
     }
 
@@ -701,7 +730,17 @@ impl BucketColumns {
     pub fn release(&mut self, i: usize) {
         self.whole[i] = None;
         self.parts[i] = Vec::new();
+        self.packed[i] = None;
     }
+}
+
+/// Whether a column of `data_type` is held [`Packed`] once read from a
+/// spill file: the integer and timestamp types of the tables.
+fn packs(data_type: &DataType) -> bool {
+    matches!(
+        data_type,
+        DataType::Int32 | DataType::Int64 | DataType::Timestamp(TimeUnit::Microsecond, _)
+    )
 }
 
 /// Dictionary-encoded text parts as one array with one dictionary of their
@@ -1176,7 +1215,6 @@ pub(super) fn sort_unique(
 
 #[cfg(test)]
 mod tests {
-    use arrow_array::types::{Int64Type, TimestampMicrosecondType};
     use gputel_proto::{EventKind, GpuEvent, GpuSample};
     use gputel_schemas::{EventRows, EventSource, GpuRows};
 
@@ -1442,10 +1480,11 @@ mod tests {
         let uuid = Table::Gpu.schema().index_of("uuid").unwrap();
         let temperature = Table::Gpu.schema().index_of("temperature_c").unwrap();
         assert_eq!(first.rows(), 2 * messages);
-        assert_eq!(
-            first.parts[temperature].len(),
-            messages.div_ceil(PARTS_PER_CHUNK)
-        );
+        // Integers packed as read, at a byte a value here (a GPU's next
+        // tick, one degree warmer); text in a few arrays.
+        assert!(first.parts[temperature].is_empty());
+        let packed = first.packed[temperature].as_ref().expect("packed");
+        assert_eq!(packed.packed_bytes(), 2 * messages);
         assert_eq!(first.parts[uuid].len(), messages.div_ceil(PARTS_PER_CHUNK));
         let batch = first.into_batch();
         assert_eq!(batch.schema(), Table::Gpu.schema());
