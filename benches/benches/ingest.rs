@@ -39,7 +39,7 @@ use gputel_collector::persist::{encode, sort_and_encode, sort_rows};
 use gputel_collector::validate::validate_batch;
 use gputel_proto::wire::census;
 use gputel_proto::{AgentMessage, Batch, agent_message};
-use gputel_schemas::{BatchColumns, PartitionKey, Table, take_batch};
+use gputel_schemas::{BatchColumns, PartitionKey, Table};
 use prost::Message;
 
 /// Nodes and seconds of the per-flush data set; a tiny one under `cargo test`.
@@ -159,13 +159,7 @@ fn ingest(c: &mut Criterion) {
     g.bench_function("take", |b| {
         b.iter_batched(
             fill,
-            |mut buffer| {
-                let taken = buffer.take().into_iter();
-                taken
-                    .map(|(table, _, mut rows)| take_batch(rows.as_mut(), table.schema()))
-                    .collect::<Result<Vec<_>, _>>()
-                    .expect("rows fit their schemas")
-            },
+            |mut buffer| buffer.take_batches().expect("rows fit their schemas"),
             BatchSize::PerIteration,
         )
     });

@@ -136,13 +136,8 @@ pub fn buffer_and_take(batches: &[AgentBatch]) -> Vec<(Table, PartitionKey, Reco
         buffer.append(&b.node, valid);
     }
     buffer
-        .take()
-        .into_iter()
-        .map(|(table, key, mut rows)| {
-            let batch = gputel_schemas::take_batch(rows.as_mut(), table.schema());
-            (table, key, batch.expect("simulated rows fit their schemas"))
-        })
-        .collect()
+        .take_batches()
+        .expect("simulated rows fit their schemas")
 }
 
 /// Metric values in `batches` once stored.

@@ -5,6 +5,8 @@
 
 use std::collections::BTreeMap;
 
+use arrow_array::RecordBatch;
+use arrow_schema::ArrowError;
 use gputel_proto::{
     AlertRow, GpuEvent, GpuProcess, GpuSample, IbPortSample, NodeEvent, NodeSample,
 };
@@ -190,6 +192,20 @@ impl WriteBuffer {
         }
         out
     }
+
+    /// Takes everything held as one record batch per table and partition,
+    /// every column made at once, leaving the buffer empty: for tests and
+    /// benchmarks (a flush takes [`WriteBuffer::take`] and makes the
+    /// columns one at a time).
+    pub fn take_batches(&mut self) -> Result<Vec<(Table, PartitionKey, RecordBatch)>, ArrowError> {
+        self.take()
+            .into_iter()
+            .map(|(table, key, mut rows)| {
+                let batch = gputel_schemas::take_batch(rows.as_mut(), table.schema())?;
+                Ok((table, key, batch))
+            })
+            .collect()
+    }
 }
 
 /// The value under `key`, inserted empty if absent; `key` is copied only
@@ -303,18 +319,6 @@ mod tests {
         }
     }
 
-    fn batches(
-        taken: Vec<(Table, PartitionKey, Box<dyn Columns>)>,
-    ) -> Vec<(Table, PartitionKey, arrow_array::RecordBatch)> {
-        taken
-            .into_iter()
-            .map(|(table, key, mut rows)| {
-                let batch = gputel_schemas::take_batch(rows.as_mut(), table.schema());
-                (table, key, batch.expect("columns of the table's schema"))
-            })
-            .collect()
-    }
-
     /// The buffer after a flush starts with room for the rows the one
     /// before took, and holds exactly what it is given, in both partitions.
     #[test]
@@ -323,10 +327,10 @@ mod tests {
         fill(&mut first, 120);
         let mut second = first.successor();
         assert_eq!((second.room.gpu, second.room.node), (1200, 150));
-        let taken = batches(first.take());
+        let taken = first.take_batches().expect("take");
         fill(&mut second, 120);
         assert_eq!(second.rows(), 1080);
-        let again = batches(second.take());
+        let again = second.take_batches().expect("take");
         let hours: Vec<_> = taken
             .iter()
             .map(|(t, k, b)| (*t, *k, b.num_rows()))

@@ -54,12 +54,18 @@ struct FlushUnit {
 #[derive(Debug)]
 enum PendingFile {
     Rows(Box<dyn Columns>),
-    Encoded { bytes: Bytes, rows: usize },
+    Encoded {
+        bytes: Bytes,
+        rows: usize,
+    },
     /// Rows that could not be encoded. Encoding them again would fail
     /// again, so the flush fails with `error` until a restart: the log
     /// segments keep the rows, and the units after this one wait, so none
     /// is released past it.
-    Unencodable { error: String, rows: usize },
+    Unencodable {
+        error: String,
+        rows: usize,
+    },
 }
 
 impl PendingFile {
@@ -110,9 +116,10 @@ impl Flusher {
             while let Some((path, file)) = unit.files.last_mut() {
                 let rows = file.rows();
                 let unencodable = |error: String| PendingFile::Unencodable { error, rows };
-                // Taken out while it is encoded: the rows are freed as they go.
+                // Taken out while it is encoded, which frees the rows as it
+                // goes; what stays is its bytes, or why it cannot have any.
                 let bytes = match std::mem::replace(file, unencodable(String::new())) {
-                    PendingFile::Rows(rows) => match encode_file(path, rows).await {
+                    PendingFile::Rows(columns) => match encode_file(path, columns).await {
                         Ok(bytes) => bytes,
                         Err(e) => {
                             *file = unencodable(e.to_string());

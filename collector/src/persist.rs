@@ -771,12 +771,10 @@ mod tests {
             }
         }
         buffer
-            .take()
+            .take_batches()
+            .expect("assembled")
             .into_iter()
-            .map(|(table, _, mut rows)| {
-                let batch = gputel_schemas::take_batch(rows.as_mut(), table.schema());
-                (table, batch.expect("assembled"))
-            })
+            .map(|(table, _, batch)| (table, batch))
             .collect()
     }
 
@@ -793,7 +791,14 @@ mod tests {
     ) -> Result<Bytes, ParquetError> {
         let mut rows = BatchColumns::from(batch.clone());
         let mut columns = FileColumns::new(&mut rows, batch.num_columns());
-        encode_in_order(props, &batch.schema(), &mut columns, indices, ParquetError::from, |e| e)
+        encode_in_order(
+            props,
+            &batch.schema(),
+            &mut columns,
+            indices,
+            ParquetError::from,
+            |e| e,
+        )
     }
 
     /// Every row of a Parquet file, in one batch.
@@ -887,8 +892,7 @@ mod tests {
                 .build()
         };
         let indices = sort_indices(Table::Gpu, &gpu).expect("sort");
-        let bytes =
-            encode_batch_in_order(props(), &gpu, &indices).expect("encode");
+        let bytes = encode_batch_in_order(props(), &gpu, &indices).expect("encode");
         let groups: Vec<i64> = parquet::file::metadata::ParquetMetaDataReader::new()
             .parse_and_finish(&bytes)
             .expect("footer")
@@ -909,8 +913,7 @@ mod tests {
         let batch = RecordBatch::new_empty(Table::Gpu.schema());
         let indices = UInt32Array::from(Vec::<u32>::new());
         let props = || writer_properties(Table::Gpu);
-        let encoded =
-            encode_batch_in_order(props(), &batch, &indices).expect("encode");
+        let encoded = encode_batch_in_order(props(), &batch, &indices).expect("encode");
         assert!(encoded == written_in_order(props(), &batch, &indices));
         let reader = ParquetRecordBatchReaderBuilder::try_new(encoded).expect("footer");
         assert_eq!(reader.metadata().file_metadata().num_rows(), 0);

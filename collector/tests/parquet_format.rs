@@ -16,7 +16,7 @@ use gputel_collector::buffer::WriteBuffer;
 use gputel_collector::persist::{self, write_file};
 use gputel_collector::validate::validate_batch;
 use gputel_proto::{Batch, GpuSample, IbPortSample, NodeSample};
-use gputel_schemas::{PartitionKey, PartitionPath, Table};
+use gputel_schemas::{PartitionPath, Table};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::basic::{CompressionCodec, Encoding, LogicalType, TimeUnit};
 use parquet::file::metadata::SortingColumn;
@@ -195,23 +195,11 @@ async fn write_store(dir: &Path) {
         );
     }
     assert_eq!(buffer.rows(), 9 + 3 + 6);
-    for (table, key, batch) in take_batches(&mut buffer) {
+    for (table, key, batch) in buffer.take_batches().expect("buffer assembles") {
         let path = PartitionPath::new(table, key, STEM).expect("valid stem");
         write_file(&store, &path, batch).await.expect("write file");
     }
     assert_eq!(buffer.rows(), 0);
-}
-
-/// What the buffer holds, as one record batch per table and partition.
-fn take_batches(buffer: &mut WriteBuffer) -> Vec<(Table, PartitionKey, RecordBatch)> {
-    buffer
-        .take()
-        .into_iter()
-        .map(|(table, key, mut rows)| {
-            let batch = gputel_schemas::take_batch(rows.as_mut(), table.schema());
-            (table, key, batch.expect("buffer assembles"))
-        })
-        .collect()
 }
 
 /// Every file under `dir`, as `/`-separated paths relative to it.
@@ -845,7 +833,9 @@ async fn a_flush_repeated_after_compaction_writes_nothing_twice() {
             ..Default::default()
         };
         buffer.append("n1", validate_batch(&batch, NOW).expect("valid"));
-        take_batches(&mut buffer)
+        buffer
+            .take_batches()
+            .expect("buffer assembles")
             .into_iter()
             .find(|(table, _, _)| *table == Table::Gpu)
             .expect("gpu rows")
@@ -939,7 +929,9 @@ async fn an_hour_too_large_to_sort_at_once_loses_every_duplicate() {
                 validate_batch(&batch, NOW + 3_600_000_000).expect("valid"),
             );
         }
-        take_batches(&mut buffer)
+        buffer
+            .take_batches()
+            .expect("buffer assembles")
             .into_iter()
             .find(|(table, _, _)| *table == Table::Gpu)
             .expect("gpu rows")

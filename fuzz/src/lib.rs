@@ -75,15 +75,10 @@ pub mod agent_message {
                 let mut buffer = WriteBuffer::default();
                 buffer.append("node-1", valid);
                 let buffered = buffer.rows();
-                let built: usize = buffer
-                    .take()
-                    .into_iter()
-                    .map(|(table, _, mut rows)| {
-                        gputel_schemas::take_batch(rows.as_mut(), table.schema())
-                            .expect("every validated row converts to Arrow")
-                            .num_rows()
-                    })
-                    .sum();
+                let taken = buffer
+                    .take_batches()
+                    .expect("every validated row converts to Arrow");
+                let built: usize = taken.iter().map(|(_, _, b)| b.num_rows()).sum();
                 assert!(built >= buffered, "{buffered} rows buffered, {built} built");
             }
             None => {}

@@ -11,8 +11,8 @@ use arrow_array::builder::{
     ListBuilder, MapBuilder, MapFieldNames, PrimitiveBuilder, StringBuilder,
     StringDictionaryBuilder,
 };
-use arrow_array::types::{Int32Type, Int64Type, TimestampMicrosecondType};
 use arrow_array::cast::AsArray;
+use arrow_array::types::{Int32Type, Int64Type, TimestampMicrosecondType};
 use arrow_array::{Array, ArrayRef, ArrowPrimitiveType, PrimitiveArray, new_null_array};
 use arrow_buffer::NullBuffer;
 use arrow_schema::{DataType, Field, TimeUnit};
@@ -641,7 +641,10 @@ impl Packed {
         if self.values == 0 && self.rows > 0 {
             return shared.of(data_type, self.rows);
         }
-        let nulls = self.validity.as_ref().map(|v| NullBuffer::new(v.finish_cloned()));
+        let nulls = self
+            .validity
+            .as_ref()
+            .map(|v| NullBuffer::new(v.finish_cloned()));
         let mut values = Vec::with_capacity(self.rows);
         let mut bytes = self.bytes.iter();
         let mut last = 0i64;
@@ -726,36 +729,10 @@ macro_rules! packed_kind {
     };
 }
 
-/// Declares integer and float kinds: `Kind(value type) => Arrow type, builder,
-/// nullable, check, conversion to the stored type`. A nullable kind's builder
-/// is [`Lazy`].
+/// Declares float and flag kinds, all nullable: `Kind(value type) => Arrow
+/// type, builder, check, conversion to the stored type`. Their builder is
+/// [`Lazy`].
 macro_rules! number_kind {
-    ($(#[$doc:meta])* $kind:ident($value:ty) => $data_type:expr, $builder:ty, nullable: false,
-     check: |$row:ident, $name:ident, $v:ident| $check:expr, store: |$s:ident| $store:expr) => {
-        $(#[$doc])*
-        #[derive(Debug)]
-        pub enum $kind {}
-
-        impl ColumnKind for $kind {
-            type Value<'a> = $value;
-            type Builder = $builder;
-            fn builder(rows: usize) -> $builder {
-                <$builder>::with_capacity(rows)
-            }
-            fn field(name: &'static str) -> Field {
-                Field::new(name, $data_type, false)
-            }
-            fn check($row: RowContext, $name: &'static str, $v: $value) -> Result<(), ColumnError> {
-                $check
-            }
-            fn put(builder: &mut $builder, $s: $value) {
-                builder.append_value($store);
-            }
-            fn finish(builder: &mut $builder, _: &mut SharedNulls) -> ArrayRef {
-                ArrayBuilder::finish(builder)
-            }
-        }
-    };
     ($(#[$doc:meta])* $kind:ident($value:ty) => $data_type:expr, $builder:ty, nullable: true,
      check: |$row:ident, $name:ident, $v:ident| $check:expr, store: |$s:ident| $store:expr) => {
         $(#[$doc])*
@@ -1045,11 +1022,32 @@ mod tests {
     #[test]
     fn packed_integers_come_back_exactly() {
         let cases: Vec<Vec<Option<i64>>> = vec![
-            vec![Some(0), Some(0), Some(1), Some(-1), Some(63), Some(64), Some(-64), Some(-65)],
-            vec![Some(i64::MAX), Some(i64::MIN), Some(i64::MAX), Some(0), Some(i64::MIN)],
+            vec![
+                Some(0),
+                Some(0),
+                Some(1),
+                Some(-1),
+                Some(63),
+                Some(64),
+                Some(-64),
+                Some(-65),
+            ],
+            vec![
+                Some(i64::MAX),
+                Some(i64::MIN),
+                Some(i64::MAX),
+                Some(0),
+                Some(i64::MIN),
+            ],
             vec![None, None, Some(7), None, Some(9), Some(9), None],
-            vec![Some(1_700_000_000_000_000), Some(1_700_000_000_000_000), Some(1_700_000_001_000_000)],
-            (0..1000).map(|i| (i % 7 != 0).then_some(i * i * 1_000_003 - 500_000_000)).collect(),
+            vec![
+                Some(1_700_000_000_000_000),
+                Some(1_700_000_000_000_000),
+                Some(1_700_000_001_000_000),
+            ],
+            (0..1000)
+                .map(|i| (i % 7 != 0).then_some(i * i * 1_000_003 - 500_000_000))
+                .collect(),
         ];
         for values in cases {
             let mut b = Packed::with_room(4);
@@ -1060,7 +1058,12 @@ mod tests {
             assert_eq!(array.as_primitive::<Int64Type>(), &Int64Array::from(values));
         }
         let mut b = OptU32::builder(0);
-        for v in [Some(0), None, Some(u32::try_from(i32::MAX).expect("fits")), Some(80)] {
+        for v in [
+            Some(0),
+            None,
+            Some(u32::try_from(i32::MAX).expect("fits")),
+            Some(80),
+        ] {
             OptU32::put(&mut b, v);
         }
         let array = OptU32::finish(&mut b, &mut SharedNulls::default());
@@ -1072,7 +1075,10 @@ mod tests {
         Timestamp::put(&mut b, 1_795_172_400_000_000);
         let array = Timestamp::finish(&mut b, &mut SharedNulls::default());
         assert_eq!(array.data_type(), &timestamp_type());
-        assert_eq!(array.as_primitive::<TimestampMicrosecondType>().value(0), 1_795_172_400_000_000);
+        assert_eq!(
+            array.as_primitive::<TimestampMicrosecondType>().value(0),
+            1_795_172_400_000_000
+        );
     }
 
     /// What a tick of a node's 8 GPUs takes packed, against Arrow's 8 bytes
@@ -1088,7 +1094,10 @@ mod tests {
             b.bytes.len()
         };
         let ticks = |per_tick: &dyn Fn(i64, i64) -> i64| -> Vec<i64> {
-            (0..100).flat_map(|t| (0..8).map(move |gpu| (t, gpu))).map(|(t, g)| per_tick(t, g)).collect()
+            (0..100)
+                .flat_map(|t| (0..8).map(move |gpu| (t, gpu)))
+                .map(|(t, g)| per_tick(t, g))
+                .collect()
         };
         // 800 values each: 100 ticks of 8 GPUs.
         let ts = packed_bytes(&ticks(&|t, _| 1_795_172_400_000_000 + t * 1_000_000));
