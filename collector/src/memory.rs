@@ -70,9 +70,10 @@ pub const DEFAULT_BUDGET_BYTES: u64 = 1 << 30;
 pub const MIN_BUDGET_BYTES: u64 = 64 << 20;
 
 /// Memory one unwritten row takes, on average over the tables, while it is
-/// buffered in Arrow builders and then written to Parquet. Measured with
-/// the load generator's rows (see the README's memory section); GPU rows,
-/// the widest, dominate.
+/// buffered and then written to Parquet. Measured with the load
+/// generator's rows held in Arrow's builders (see the README's memory
+/// section; GPU rows, the widest, dominate); since the buffer holds its
+/// integers packed a row takes less, so this bounds it.
 pub const UNWRITTEN_ROW_BYTES: u64 = 600;
 
 /// How the budget is shared out.
