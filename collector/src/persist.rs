@@ -235,12 +235,22 @@ pub fn sort_rows(table: Table, batch: &RecordBatch) -> Result<RecordBatch, Arrow
 /// The order of a table's rows by its sort key, as indices into `batch`
 /// (rows with equal keys in batch order).
 fn sort_indices(table: Table, batch: &RecordBatch) -> Result<UInt32Array, ArrowError> {
-    let columns = table
+    sort_indices_by(table, |i| Arc::clone(batch.column(i)))
+}
+
+/// The order of a table's rows by its sort key, its key columns given by
+/// `column` (by index in the table's schema).
+fn sort_indices_by(
+    table: Table,
+    mut column: impl FnMut(usize) -> ArrayRef,
+) -> Result<UInt32Array, ArrowError> {
+    let schema = table.schema();
+    let keys = table
         .sort_key()
         .iter()
-        .map(|name| Ok(Arc::clone(batch.column(batch.schema().index_of(name)?))))
+        .map(|name| Ok(column(schema.index_of(name)?)))
         .collect::<Result<Vec<_>, ArrowError>>()?;
-    crate::sort::sorted_indices(&columns)
+    crate::sort::sorted_indices(&keys)
 }
 
 /// Rows taken at a time while a file is encoded in sorted order.
@@ -287,14 +297,7 @@ pub fn sort_and_encode(
     };
     let schema = table.schema();
     let mut columns = FileColumns::new(rows, schema.fields().len());
-    let keys = table
-        .sort_key()
-        .iter()
-        .map(|name| Ok(columns.get(schema.index_of(name)?)))
-        .collect::<Result<Vec<_>, ArrowError>>()
-        .map_err(sort_error)?;
-    let indices = crate::sort::sorted_indices(&keys).map_err(sort_error)?;
-    drop(keys);
+    let indices = sort_indices_by(table, |i| columns.get(i)).map_err(sort_error)?;
     encode_in_order(
         writer_properties(table),
         &schema,

@@ -669,6 +669,25 @@ impl Packed {
         Arc::new(PrimitiveArray::<T>::new(values.into(), nulls).with_data_type(data_type.clone()))
     }
 
+    /// Whether columns of `data_type` can be held packed: the tables'
+    /// integer and timestamp types.
+    pub fn holds(data_type: &DataType) -> bool {
+        matches!(
+            data_type,
+            DataType::Int32 | DataType::Int64 | DataType::Timestamp(TimeUnit::Microsecond, _)
+        )
+    }
+
+    /// [`Packed::array`] with the value type that `data_type`, one
+    /// [`Packed::holds`], has.
+    pub fn array_of(&self, data_type: &DataType, shared: &mut SharedNulls) -> ArrayRef {
+        match data_type {
+            DataType::Int32 => self.array::<Int32Type>(data_type, shared),
+            DataType::Int64 => self.array::<Int64Type>(data_type, shared),
+            _ => self.array::<TimestampMicrosecondType>(data_type, shared),
+        }
+    }
+
     /// Appends every row of `array`, an integer or timestamp array; false
     /// (and nothing appended) for an array of another type.
     pub fn extend_from(&mut self, array: &dyn Array) -> bool {

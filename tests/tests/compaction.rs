@@ -276,7 +276,7 @@ fn key_counts(dir: &Path, store: &Path, table: &str, key: &str) -> serde_json::V
 #[test]
 fn compaction_keeps_one_row_per_key() {
     use gputel_collector::buffer::WriteBuffer;
-    use gputel_collector::persist::{encode_file, store_file};
+    use gputel_collector::persist::write_file;
     use gputel_collector::store::open_store;
     use gputel_collector::validate::validate_batch;
     use gputel_proto::{Batch, GpuSample, NodeSample};
@@ -331,7 +331,7 @@ fn compaction_keeps_one_row_per_key() {
         }
         let mut buffer = WriteBuffer::default();
         buffer.append("n1", validate_batch(&batch, T0).expect("a valid batch"));
-        buffer.take()
+        buffer.take_batches().expect("rows fit their schemas")
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -342,13 +342,10 @@ fn compaction_keeps_one_row_per_key() {
         ("a1-0000000000000001", 0..10, false),
         ("b2-0000000000000001", 5..15, true),
     ] {
-        for (table, key, rows) in rows(ticks, hot) {
+        for (table, key, batch) in rows(ticks, hot) {
             let path = PartitionPath::new(table, key, stem).expect("a valid stem");
             runtime
-                .block_on(async {
-                    let bytes = encode_file(&path, rows).await?;
-                    store_file(&store, &path, bytes).await
-                })
+                .block_on(write_file(&store, &path, batch))
                 .expect("write a file");
         }
     }

@@ -21,14 +21,14 @@ use std::sync::Arc;
 
 use arrow_array::builder::{Int32Builder, StringBuilder, StringDictionaryBuilder};
 use arrow_array::cast::AsArray;
-use arrow_array::types::{Int32Type, Int64Type, TimestampMicrosecondType};
+use arrow_array::types::Int32Type;
 use arrow_array::{Array, ArrayRef, DictionaryArray, UInt32Array};
 use arrow_ipc::reader::StreamReader;
 use arrow_ipc::writer::{
     DictionaryTracker, IpcDataGenerator, IpcWriteContext, IpcWriteOptions, write_message,
 };
 use arrow_ord::ord::{DynComparator, make_comparator};
-use arrow_schema::{DataType, Field, Schema, SchemaRef, SortOptions, TimeUnit};
+use arrow_schema::{DataType, Field, Schema, SchemaRef, SortOptions};
 use arrow_select::take::{take, take_record_batch};
 use gputel_schemas::column::Packed;
 use gputel_schemas::{RowKey, SharedNulls};
@@ -590,7 +590,7 @@ impl BucketRows {
             .map(|(i, f)| (i, f.data_type().clone()))
             .collect();
         for (i, data_type) in &spilled {
-            if packs(data_type) {
+            if Packed::holds(data_type) {
                 columns.packed[*i] = Some(Packed::default());
             }
         }
@@ -696,12 +696,7 @@ impl BucketColumns {
             return Ok(Arc::clone(whole));
         }
         if let Some(packed) = &self.packed[i] {
-            let data_type = self.schema.field(i).data_type();
-            return Ok(match data_type {
-                DataType::Int32 => packed.array::<Int32Type>(data_type, &mut self.nulls),
-                DataType::Int64 => packed.array::<Int64Type>(data_type, &mut self.nulls),
-                _ => packed.array::<TimestampMicrosecondType>(data_type, &mut self.nulls),
-            });
+            return Ok(packed.array_of(self.schema.field(i).data_type(), &mut self.nulls));
         }
         let parts = &self.parts[i];
         if parts.iter().all(|a| a.null_count() == a.len()) {
@@ -732,15 +727,6 @@ impl BucketColumns {
         self.parts[i] = Vec::new();
         self.packed[i] = None;
     }
-}
-
-/// Whether a column of `data_type` is held [`Packed`] once read from a
-/// spill file: the integer and timestamp types of the tables.
-fn packs(data_type: &DataType) -> bool {
-    matches!(
-        data_type,
-        DataType::Int32 | DataType::Int64 | DataType::Timestamp(TimeUnit::Microsecond, _)
-    )
 }
 
 /// Dictionary-encoded text parts as one array with one dictionary of their
@@ -1215,6 +1201,7 @@ pub(super) fn sort_unique(
 
 #[cfg(test)]
 mod tests {
+    use arrow_array::types::{Int64Type, TimestampMicrosecondType};
     use gputel_proto::{EventKind, GpuEvent, GpuSample};
     use gputel_schemas::{EventRows, EventSource, GpuRows};
 
