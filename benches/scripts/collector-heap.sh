@@ -13,6 +13,9 @@
 # rows with every field a real H100 node reports). heaptrack counts what was
 # allocated, including capacity never touched; the resident memory of the
 # jemalloc build is measured by collector-rss.sh.
+#
+# GPUTEL_BENCH_HEAP_PEAK=FILE keeps the peak's call stacks (heaptrack's
+# flame graph lines, `frame;frame;... bytes`), to look past the parts.
 cd "$(dirname "$0")/../.."
 source benches/scripts/common.sh
 
@@ -54,4 +57,5 @@ data=$(ls "$dir"/collector.* 2>/dev/null | head -1)
 [[ -n $data ]] || die "heaptrack wrote no data: $(tail -5 "$dir/heaptrack.log")"
 heaptrack_print -f "$data" --flamegraph-cost-type peak -F "$dir/peak.txt" >"$dir/summary.txt"
 grep -E '^(peak heap memory consumption|peak RSS)' "$dir/summary.txt"
+[[ -n ${GPUTEL_BENCH_HEAP_PEAK:-} ]] && cp "$dir/peak.txt" "$GPUTEL_BENCH_HEAP_PEAK"
 python3 benches/scripts/collector-heap.py "$dir/peak.txt" "$agents"
