@@ -21,6 +21,10 @@
 #
 #   SEED_HOUR_NODES=1000 benches/scripts/collector-rss.sh 1000 150 --compact-interval 30s
 #
+# GPUTEL_BENCH_TLS=1 has collector and agents speak mutual TLS, as they do
+# at their defaults, each simulated node with its own certificate; without
+# it they speak plaintext.
+#
 # SEED_HOUR_VALUES=every-field seeds an hour of rows with every field a
 # real H100 node reports (`hour_store`'s VALUES), to go with
 # LOADGEN_FLAGS=--every-field.

@@ -72,18 +72,60 @@ machine() {
     "$(cut -d' ' -f1-3 /proc/loadavg)"
 }
 
+# With GPUTEL_BENCH_TLS=1, collector and load generator (ingest.sh,
+# collector-rss.sh, capacity.sh) speak mutual TLS,
+# as they do by default, instead of plaintext: tls_pki makes a CA and the
+# collector's certificate under $1/pki (OpenSSL, EC P-256, as the README's
+# *Security* shows), and node_certs one certificate per simulated node.
+tls_pki() {
+  local pki=$1/pki
+  command -v openssl >/dev/null || die "openssl is missing (Debian: apt-get install openssl)"
+  mkdir -p "$pki"
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
+    -subj "/CN=gputel bench CA" -keyout "$pki/ca.key" -out "$pki/ca.pem" 2>/dev/null
+  leaf_cert "$pki" collector "subjectAltName=DNS:localhost,IP:127.0.0.1" serverAuth
+  TLS_PKI=$pki
+}
+
+# A certificate NAME.pem (key NAME.key) in PKI signed by its CA, with the
+# extension SAN and the extended key usage USAGE.
+leaf_cert() {
+  local pki=$1 name=$2 san=$3 usage=$4
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj "/CN=$name" \
+    -addext "$san" -addext "basicConstraints=critical,CA:FALSE" -addext "extendedKeyUsage=$usage" \
+    -CA "$pki/ca.pem" -CAkey "$pki/ca.key" -keyout "$pki/$name.key" -out "$pki/$name.pem" 2>/dev/null \
+    || die "openssl could not make the certificate of $name"
+}
+
+# Certificates in $TLS_PKI for the load generator's AGENTS nodes
+# (loadgen-1 … or loadgen-0001 …, as it names them).
+node_certs() {
+  local agents=$1 width=${#1} i name
+  for ((i = 1; i <= agents; i++)); do
+    printf -v name 'loadgen-%0*d' "$width" "$i"
+    [[ -e $TLS_PKI/$name.pem ]] || leaf_cert "$TLS_PKI" "$name" "subjectAltName=DNS:$name" clientAuth
+  done
+}
+
 # Starts a collector on a free port with store and WAL under $1, extra flags
 # after it (its log at COLLECTOR_LOG, default warn); sets COLLECTOR_PID,
 # COLLECTOR_PORT and COLLECTOR_TIME (its
-# `/usr/bin/time -v` report, written when it exits).
+# `/usr/bin/time -v` report, written when it exits). Plaintext, or mutual
+# TLS with GPUTEL_BENCH_TLS=1.
 start_collector() {
   local dir=$1
   shift
   COLLECTOR_PORT=$(free_port)
   COLLECTOR_TIME="$dir/collector.time"
   mkdir -p "$dir"
+  local security=(--plaintext)
+  if [[ ${GPUTEL_BENCH_TLS:-0} == 1 ]]; then
+    tls_pki "$dir"
+    security=(--tls-cert "$TLS_PKI/collector.pem" --tls-key "$TLS_PKI/collector.key"
+      --tls-client-ca "$TLS_PKI/ca.pem")
+  fi
   /usr/bin/time -v -o "$COLLECTOR_TIME" "$COLLECTOR" --listen "127.0.0.1:$COLLECTOR_PORT" \
-    --store "$dir/store" --wal-dir "$dir/wal" --plaintext --log "${COLLECTOR_LOG:-warn}" "$@" \
+    --store "$dir/store" --wal-dir "$dir/wal" "${security[@]}" --log "${COLLECTOR_LOG:-warn}" "$@" \
     2>"$dir/collector.log" &
   COLLECTOR_PID=$!
   wait_port "$COLLECTOR_PORT"
@@ -104,8 +146,13 @@ stop_collector() {
 loadgen_run() {
   local dir=$1 agents=$2 ticks=$3
   shift 3
-  /usr/bin/time -v -o "$dir/loadgen.time" "$LOADGEN" \
-    --collector "http://127.0.0.1:$COLLECTOR_PORT" --agents "$agents" --gpus 8 \
+  local target=(--collector "http://127.0.0.1:$COLLECTOR_PORT")
+  if [[ ${GPUTEL_BENCH_TLS:-0} == 1 ]]; then
+    node_certs "$agents"
+    target=(--collector "https://localhost:$COLLECTOR_PORT" --tls-ca "$TLS_PKI/ca.pem"
+      --tls-cert "$TLS_PKI/{node}.pem" --tls-key "$TLS_PKI/{node}.key")
+  fi
+  /usr/bin/time -v -o "$dir/loadgen.time" "$LOADGEN" "${target[@]}" --agents "$agents" --gpus 8 \
     --ticks "$ticks" "$@" >"$dir/loadgen.out" 2>"$dir/loadgen.log" \
     || die "gputel-loadgen failed: $(tail -5 "$dir/loadgen.log")"
   LOAD_AT_END=$(cut -d' ' -f1-3 /proc/loadavg)

@@ -10,7 +10,8 @@
 #
 # LOADGEN_FLAGS go to the load generator: LOADGEN_FLAGS=--every-field sends
 # rows with every field a real HGX H100 node reports (about 450 values a
-# batch instead of about 130).
+# batch instead of about 130). GPUTEL_BENCH_TLS=1: mutual TLS, as collector
+# and agents speak at their defaults, instead of plaintext.
 cd "$(dirname "$0")/../.."
 source benches/scripts/common.sh
 

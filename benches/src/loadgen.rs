@@ -20,6 +20,7 @@
 //! continues its sequence.
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -36,6 +37,7 @@ use gputel_schemas::Table;
 use prost::Message;
 use tokio::sync::{Semaphore, mpsc};
 use tokio::time::Instant;
+use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity as TlsIdentity};
 use tracing::{info, warn};
 
 use crate::{AgentBatch, IB_PORTS_PER_NODE, SimNode, Values, buffer_and_take, metric_values};
@@ -153,6 +155,19 @@ pub struct Cli {
     /// Worker threads of the runtime [default: one per CPU].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub threads: Option<u32>,
+    /// CA certificate (PEM) that signed the collector's certificate: the
+    /// agents then stream over mutual TLS, as a fleet's agents do, to
+    /// https:// URLs. Needs --tls-cert and --tls-key.
+    #[arg(long, value_name = "FILE", requires_all = ["tls_cert", "tls_key"])]
+    pub tls_ca: Option<PathBuf>,
+    /// Each node's client certificate (PEM), whose DNS name is the node's
+    /// name; `{node}` in the path stands for that name (certs/{node}.pem),
+    /// so that every simulated node presents its own, as a fleet's nodes do.
+    #[arg(long, value_name = "PATH", requires = "tls_ca")]
+    pub tls_cert: Option<String>,
+    /// Each node's private key (PEM); `{node}` as in --tls-cert.
+    #[arg(long, value_name = "PATH", requires = "tls_ca")]
+    pub tls_key: Option<String>,
 }
 
 /// Why a run cannot start.
@@ -184,6 +199,20 @@ pub enum PlanError {
          leave out --concurrency (or give it --agents)"
     )]
     PacedTurns,
+    #[error("cannot read {path}: {source}")]
+    TlsFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("unusable TLS files for {node}: {source}")]
+    TlsConfig {
+        node: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("--tls-ca needs https:// collector URLs, and https:// URLs need --tls-ca")]
+    TlsScheme,
 }
 
 /// Why a run could not stream at all.
@@ -225,6 +254,56 @@ pub struct Plan {
     pub run_id: String,
     /// Metric values in one agent's rows over the whole run.
     pub run_values: RunValues,
+    /// Mutual TLS: every agent's client settings.
+    pub tls: Option<Arc<AgentsTls>>,
+}
+
+/// The client TLS settings of every simulated agent: one CA, a certificate
+/// and key per node, read before the run starts.
+#[derive(Debug)]
+pub struct AgentsTls {
+    ca: Certificate,
+    identities: Vec<TlsIdentity>,
+}
+
+impl AgentsTls {
+    /// Reads the CA and, for each of `nodes`, the files of `cert` and `key`
+    /// with `{node}` replaced by its name.
+    fn read(ca: &Path, cert: &str, key: &str, nodes: &[String]) -> Result<AgentsTls, PlanError> {
+        let read = |path: &Path| {
+            std::fs::read(path).map_err(|source| PlanError::TlsFile {
+                path: path.to_owned(),
+                source,
+            })
+        };
+        let ca = Certificate::from_pem(read(ca)?);
+        let identities = nodes
+            .iter()
+            .map(|node| {
+                let cert = read(Path::new(&cert.replace("{node}", node)))?;
+                let key = read(Path::new(&key.replace("{node}", node)))?;
+                Ok(TlsIdentity::from_pem(cert, key))
+            })
+            .collect::<Result<Vec<_>, PlanError>>()?;
+        let tls = AgentsTls { ca, identities };
+        // PEM that does not parse fails here, not at every connection.
+        for (i, node) in nodes.iter().enumerate() {
+            Endpoint::from_static("https://localhost")
+                .tls_config(tls.client(i))
+                .map_err(|source| PlanError::TlsConfig {
+                    node: node.clone(),
+                    source,
+                })?;
+        }
+        Ok(tls)
+    }
+
+    /// Agent `i`'s client settings.
+    fn client(&self, i: usize) -> ClientTlsConfig {
+        ClientTlsConfig::new()
+            .ca_certificate(self.ca.clone())
+            .identity(self.identities[i].clone())
+    }
 }
 
 impl Plan {
@@ -242,6 +321,10 @@ impl Plan {
     pub fn new(cli: &Cli, now_us: i64) -> Result<Plan, PlanError> {
         // Checks the URLs; each agent makes its own list (its own start).
         Collectors::new(&cli.collector, None, "")?;
+        let https = cli.collector.iter().any(|url| url.starts_with("https://"));
+        if https != cli.tls_ca.is_some() {
+            return Err(PlanError::TlsScheme);
+        }
         let interval_us = i64::try_from(cli.interval_ms.saturating_mul(1000)).unwrap_or(i64::MAX);
         let span_us = i64::try_from(cli.ticks)
             .unwrap_or(i64::MAX)
@@ -290,7 +373,12 @@ impl Plan {
             slow_read_us: duration_us(cli.slow_read_interval),
             run_id,
             run_values: RunValues::default(),
+            tls: None,
         };
+        if let (Some(ca), Some(cert), Some(key)) = (&cli.tls_ca, &cli.tls_cert, &cli.tls_key) {
+            let nodes: Vec<String> = (0..cli.agents).map(|i| plan.node_name(i)).collect();
+            plan.tls = Some(Arc::new(AgentsTls::read(ca, cert, key, &nodes)?));
+        }
         for i in [0, cli.agents - 1] {
             let hello = plan.hello(i);
             validate_hello(&hello).map_err(|e| PlanError::NodePrefix {
@@ -361,6 +449,11 @@ impl Plan {
     pub fn node_name(&self, i: u32) -> String {
         let width = self.agents.to_string().len();
         format!("{}{:0width$}", self.node_prefix, i + 1)
+    }
+
+    /// Agent `i`'s client TLS settings, with --tls-ca.
+    fn client_tls(&self, i: u32) -> Option<ClientTlsConfig> {
+        self.tls.as_ref().map(|tls| tls.client(i as usize))
     }
 
     fn hello(&self, i: u32) -> Hello {
@@ -579,7 +672,8 @@ struct Generated(AtomicU64);
 /// `plan.timeout`.
 pub async fn run(plan: Plan) -> Result<Summary, RunError> {
     // Fail in words, at once, when nothing listens (the client would retry forever).
-    let mut collectors = Collectors::new(&plan.collectors, None, "").expect("checked by Plan::new");
+    let mut collectors =
+        Collectors::new(&plan.collectors, plan.client_tls(0), "").expect("checked by Plan::new");
     let mut last = RunError::Unreachable {
         url: collectors.urls(),
         reason: "no address resolves".to_owned(),
@@ -724,7 +818,7 @@ async fn agent(
             break;
         }
         let (tx, rx) = mpsc::channel(HANDOFF);
-        let collectors = Collectors::new(&plan.collectors, None, &identity.node)
+        let collectors = Collectors::new(&plan.collectors, plan.client_tls(i), &identity.node)
             .expect("checked by Plan::new")
             .with_connect_timeout(CONNECT_TIMEOUT);
         let stream = tokio::spawn(client::run_holding_back(

@@ -313,3 +313,87 @@ fn node_names_differing_in_case_or_root_dot_are_one_node() {
         [("gpu-node-052".to_owned(), 6)]
     );
 }
+
+/// The load generator speaks mutual TLS as a fleet does, each simulated
+/// node presenting its own certificate (`{node}` in --tls-cert and
+/// --tls-key): every batch is acknowledged and stored under its node. A
+/// node without its certificate, or a URL and TLS settings that disagree,
+/// stop it before it sends anything, with the reason.
+#[test]
+fn the_load_generator_streams_over_mutual_tls_a_certificate_per_node() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let pki = Pki::new(tmp.path(), "cluster");
+    let store = tmp.path().join("store");
+    let (collector, port) = tls_collector(&pki, &store);
+    for node in ["lg-1", "lg-2", "lg-3"] {
+        pki.issue(node, &[node]);
+    }
+    let loadgen = |agents: &str, url: &str, tls: bool| {
+        let mut cmd = Command::new(gputel_tests::loadgen_bin());
+        cmd.args([
+            "--collector",
+            url,
+            "--agents",
+            agents,
+            "--node-prefix",
+            "lg-",
+        ])
+        .args(["--ticks", "4", "--start-ts", "2026-01-01T00:00:00Z"])
+        .args(["--timeout", "60s"]);
+        if tls {
+            cmd.arg("--tls-ca")
+                .arg(pki.ca())
+                .arg("--tls-cert")
+                .arg(pki.dir.join("{node}.pem"))
+                .arg("--tls-key")
+                .arg(pki.dir.join("{node}.key"));
+        }
+        cmd.output().expect("run gputel-loadgen")
+    };
+    let https = format!("https://localhost:{port}");
+
+    let out = loadgen("3", &https, true);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        stdout.starts_with(
+            "agents=3 gpus=8 ticks=4 batches=12 acknowledged=12 rejected=0 dropped=0 \
+             rows: gpu=96 node=12 ib=48 "
+        ),
+        "{stdout}"
+    );
+
+    // A fourth node has no certificate: named, and nothing is sent.
+    let out = loadgen("4", &https, true);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        stderr.contains("cannot read ") && stderr.contains("lg-4.pem"),
+        "{stderr}"
+    );
+    // TLS settings with an http:// URL, and an https:// URL without them.
+    for (url, tls) in [(format!("http://127.0.0.1:{port}"), true), (https, false)] {
+        let out = loadgen("3", &url, tls);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{url}: {out:?}");
+        assert!(
+            stderr.contains("--tls-ca needs https:// collector URLs"),
+            "{stderr}"
+        );
+    }
+
+    assert!(
+        collector
+            .terminate(Duration::from_secs(30))
+            .status
+            .success()
+    );
+    assert_eq!(
+        node_rows(tmp.path(), &store),
+        [
+            ("lg-1".to_owned(), 4),
+            ("lg-2".to_owned(), 4),
+            ("lg-3".to_owned(), 4)
+        ]
+    );
+}
