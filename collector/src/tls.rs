@@ -89,6 +89,14 @@ pub fn server_config(files: &TlsFiles) -> Result<Arc<rustls::ServerConfig>, TlsE
         .map_err(|e| TlsError::Config(e.to_string()))?;
     // gRPC is HTTP/2 only.
     config.alpn_protocols = vec![b"h2".to_vec()];
+    // No session resumption: an agent never resumes (tonic makes a new
+    // client configuration, with an empty session cache, for each
+    // connection), so the two tickets rustls sends after each handshake,
+    // and the 256 sessions it keeps with their client certificates, would
+    // cost every handshake and the heap for nothing; and every connection's
+    // certificate is checked against the CA anew.
+    config.send_tls13_tickets = 0;
+    config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
     Ok(Arc::new(config))
 }
 
