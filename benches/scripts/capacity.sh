@@ -20,6 +20,8 @@
 #   benches/scripts/capacity.sh 2000 120 0                           # streams only
 #
 # LOADGEN_FLAGS go to the load generator (LOADGEN_FLAGS=--every-field).
+# GPUTEL_BENCH_TLS=1: the streams over mutual TLS, as agents and collector
+# speak at their defaults, instead of plaintext.
 # HOUR_VALUES=every-field compacts hours whose rows hold every field a real
 # H100 node reports (`gputel-loadgen --every-field`) instead of the load
 # generator's default rows; HOUR_VALUES=noise, random noise.
