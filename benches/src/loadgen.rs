@@ -175,9 +175,7 @@ pub struct Cli {
 pub enum PlanError {
     #[error(transparent)]
     Collectors(#[from] CollectorsError),
-    #[error(
-        "--start-ts {value:?} is neither RFC 3339 (e.g. 2025-01-31T12:00:00Z) nor `now`: {source}"
-    )]
+    #[error("--start-ts {value:?} is neither RFC 3339 (e.g. 2025-01-31T12:00:00Z) nor `now`")]
     StartTs {
         value: String,
         #[source]
@@ -199,13 +197,13 @@ pub enum PlanError {
          leave out --concurrency (or give it --agents)"
     )]
     PacedTurns,
-    #[error("cannot read {path}: {source}")]
+    #[error("cannot read {path}")]
     TlsFile {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("unusable TLS files for {node}: {source}")]
+    #[error("unusable TLS files for {node}")]
     TlsConfig {
         node: String,
         #[source]
