@@ -115,6 +115,17 @@ fn tls_agent_cmd(ca: &Path, pki: &Pki, node: &str, cert_node: &str, port: u16) -
     cmd
 }
 
+/// Stops `collector` (it must exit cleanly), then [`node_rows`].
+fn stopped_node_rows(collector: Running, dir: &Path, store: &Path) -> Vec<(String, i64)> {
+    assert!(
+        collector
+            .terminate(Duration::from_secs(30))
+            .status
+            .success()
+    );
+    node_rows(dir, store)
+}
+
 /// Stored rows of the `node` table per node: (node, rows), by node.
 fn node_rows(dir: &Path, store: &Path) -> Vec<(String, i64)> {
     gputel_tests::duckdb(
@@ -189,15 +200,9 @@ fn mutual_tls_admits_a_node_as_itself_only() {
         "{out:?}"
     );
 
-    assert!(
-        collector
-            .terminate(Duration::from_secs(30))
-            .status
-            .success()
-    );
     // Only the legitimate node's rows were stored.
     assert_eq!(
-        node_rows(tmp.path(), &store),
+        stopped_node_rows(collector, tmp.path(), &store),
         [("gpu-node-050".to_owned(), 3)]
     );
 }
@@ -265,14 +270,8 @@ fn a_node_cannot_write_into_another_nodes_agent_id() {
             && summary.contains("rejected=0 dropped=0 unacknowledged=0"),
         "{summary}"
     );
-    assert!(
-        collector
-            .terminate(Duration::from_secs(30))
-            .status
-            .success()
-    );
     assert_eq!(
-        node_rows(tmp.path(), &store),
+        stopped_node_rows(collector, tmp.path(), &store),
         [("gpu-node-051".to_owned(), 6)]
     );
 }
@@ -302,14 +301,8 @@ fn node_names_differing_in_case_or_root_dot_are_one_node() {
         "node=gpu-node-052 sent_node=GPU-NODE-052.",
         Duration::from_secs(10),
     );
-    assert!(
-        collector
-            .terminate(Duration::from_secs(30))
-            .status
-            .success()
-    );
     assert_eq!(
-        node_rows(tmp.path(), &store),
+        stopped_node_rows(collector, tmp.path(), &store),
         [("gpu-node-052".to_owned(), 6)]
     );
 }
@@ -382,14 +375,8 @@ fn the_load_generator_streams_over_mutual_tls_a_certificate_per_node() {
         );
     }
 
-    assert!(
-        collector
-            .terminate(Duration::from_secs(30))
-            .status
-            .success()
-    );
     assert_eq!(
-        node_rows(tmp.path(), &store),
+        stopped_node_rows(collector, tmp.path(), &store),
         [
             ("lg-1".to_owned(), 4),
             ("lg-2".to_owned(), 4),
