@@ -7,8 +7,10 @@
 #   benches/scripts/agent-rss.sh [TICKS]     # default 3600: an hour at 1 Hz
 #
 # CPU per tick is the agent's user + system CPU seconds over TICKS: it
-# includes start-up, NVML's (fake) calls, the gRPC client and TLS-less HTTP/2
+# includes start-up, NVML's (fake) calls, the gRPC client and HTTP/2
 # framing, so it is an upper bound on criterion's `agent_tick` figure.
+# Plaintext, or with GPUTEL_BENCH_TLS=1 mutual TLS, as agent and collector
+# speak at their defaults (the agent with a certificate of its own).
 cd "$(dirname "$0")/../.."
 source benches/scripts/common.sh
 
@@ -18,10 +20,17 @@ dir=$(mktemp -d)
 trap 'set +e; pkill -P "${COLLECTOR_PID:-0}"; rm -rf "$dir"; true' EXIT
 start_collector "$dir"
 
-say "agent: $ticks ticks at 10 ms on the fixtures and 8 fake GPUs"
+target=(--plaintext --collector "http://127.0.0.1:$COLLECTOR_PORT")
+if [[ ${GPUTEL_BENCH_TLS:-0} == 1 ]]; then
+  leaf_cert "$TLS_PKI" bench-node "subjectAltName=DNS:bench-node" clientAuth
+  target=(--collector "https://localhost:$COLLECTOR_PORT" --tls-ca "$TLS_PKI/ca.pem"
+    --tls-cert "$TLS_PKI/bench-node.pem" --tls-key "$TLS_PKI/bench-node.key")
+fi
+
+say "agent: $ticks ticks at 10 ms on the fixtures and 8 fake GPUs${TLS_PKI:+, over mutual TLS}"
 /usr/bin/time -v -o "$dir/agent.time" "$AGENT" --nvml-lib "$FAKE_NVML" \
   --procfs-root "$FIXTURES/proc" --sysfs-root "$FIXTURES/sys" --node bench-node \
-  --plaintext --collector "http://127.0.0.1:$COLLECTOR_PORT" --interval 10ms \
+  "${target[@]}" --interval 10ms \
   --ticks "$ticks" --log warn >"$dir/agent.out" 2>"$dir/agent.log" \
   || die "the agent failed: $(tail -5 "$dir/agent.log")"
 stop_collector

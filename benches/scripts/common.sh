@@ -72,8 +72,8 @@ machine() {
     "$(cut -d' ' -f1-3 /proc/loadavg)"
 }
 
-# With GPUTEL_BENCH_TLS=1, collector and load generator (ingest.sh,
-# collector-rss.sh, capacity.sh) speak mutual TLS,
+# With GPUTEL_BENCH_TLS=1, collector and agents (ingest.sh, collector-rss.sh,
+# capacity.sh, agent-rss.sh) speak mutual TLS,
 # as they do by default, instead of plaintext: tls_pki makes a CA and the
 # collector's certificate under $1/pki (OpenSSL, EC P-256, as the README's
 # *Security* shows), and node_certs one certificate per simulated node.
