@@ -189,8 +189,9 @@ hour_store() {
     rm -rf "$base"
     trap 'set +e; pkill -P "${COLLECTOR_PID:-0}"; true' EXIT
     # 13 rows a node and tick (8 GPUs, the node, 4 ports); no compaction
-    # while it writes, and no flush by time.
-    start_collector "$base" --flush-rows $((nodes * 3600 * 13 / files)) \
+    # while it writes, and no flush by time. Plaintext, whatever
+    # GPUTEL_BENCH_TLS says: this only makes the data.
+    GPUTEL_BENCH_TLS=0 start_collector "$base" --flush-rows $((nodes * 3600 * 13 / files)) \
       --flush-interval 1h --compact-interval 0
     say "writing an hour (3600 ticks of 1 s) of $nodes nodes through the collector"
     "$LOADGEN" --collector "http://127.0.0.1:$COLLECTOR_PORT" --agents "$nodes" --gpus 8 \
@@ -224,7 +225,7 @@ day_store() {
   if ! store_done "$base"; then
     rm -rf "$base"
     trap 'set +e; pkill -P "${COLLECTOR_PID:-0}"; true' EXIT
-    start_collector "$base"
+    GPUTEL_BENCH_TLS=0 start_collector "$base" # plaintext: this only makes the data
     say "writing a day ($ticks ticks of $interval s) of $nodes nodes through the collector"
     "$LOADGEN" --collector "http://127.0.0.1:$COLLECTOR_PORT" --agents "$nodes" --gpus 8 \
       --ticks "$ticks" --interval-ms $((interval * 1000)) --start-ts "${day}T00:00:00Z" \

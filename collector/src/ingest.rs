@@ -2,17 +2,19 @@
 //! client's certificate, validates each batch, hands it to the write path,
 //! and sends the agent its welcome, acks and rejects.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use gputel_proto::v1::telemetry_server::Telemetry;
-use gputel_proto::v1::{Ack, Reject, Welcome};
+use gputel_proto::v1::{Ack, Hello, Reject, Welcome};
 use gputel_proto::wire::{Census, Kind, RawAgentMessage, census};
 use gputel_proto::{AgentMessage, CollectorMessage, agent_message, collector_message};
 use prost::Message as _;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Code, Request, Response, Status, Streaming};
 use tracing::{debug, error, info, warn};
 
@@ -31,7 +33,40 @@ const OUTBOUND_QUEUE: usize = 256;
 /// line per refused batch would be thousands a minute.
 const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(60);
 
-type Outbound = mpsc::Sender<Result<CollectorMessage, Status>>;
+/// What a stream's task queues for its agent: an ack, nearly every
+/// message, as its sequence number, anything else boxed. tokio's channel
+/// takes its slots 32 at a time for each stream, so a slot's size is paid
+/// for every agent connected: 16 bytes here, 40 for the message itself.
+#[derive(Debug)]
+enum Outgoing {
+    Ack(u64),
+    Other(Box<Result<CollectorMessage, Status>>),
+}
+
+impl Outgoing {
+    fn message(message: Result<CollectorMessage, Status>) -> Self {
+        Outgoing::Other(Box::new(message))
+    }
+}
+
+type Outbound = mpsc::Sender<Outgoing>;
+
+/// The stream of messages to one agent, as tonic sends them.
+#[derive(Debug)]
+pub struct Outbox(mpsc::Receiver<Outgoing>);
+
+impl tokio_stream::Stream for Outbox {
+    type Item = Result<CollectorMessage, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.0.poll_recv(cx).map(|next| {
+            next.map(|outgoing| match outgoing {
+                Outgoing::Ack(seq) => Ok(message(collector_message::Kind::Ack(Ack { seq }))),
+                Outgoing::Other(other) => *other,
+            })
+        })
+    }
+}
 
 /// Acks go straight into the stream's queue, never waiting.
 #[derive(Debug)]
@@ -39,8 +74,7 @@ struct StreamAcks(Outbound);
 
 impl AckSink for StreamAcks {
     fn ack(&self, seq: u64) -> bool {
-        let ack = message(collector_message::Kind::Ack(Ack { seq }));
-        self.0.try_send(Ok(ack)).is_ok()
+        self.0.try_send(Outgoing::Ack(seq)).is_ok()
     }
 }
 
@@ -133,7 +167,7 @@ fn certificate_names(der: &[u8], node: &str) -> bool {
 
 #[tonic::async_trait]
 impl Telemetry for IngestService {
-    type StreamStream = ReceiverStream<Result<CollectorMessage, Status>>;
+    type StreamStream = Outbox;
 
     async fn stream(
         &self,
@@ -142,12 +176,10 @@ impl Telemetry for IngestService {
         let peer = request
             .remote_addr()
             .map_or_else(|| "unknown peer".to_owned(), |a| a.to_string());
+        // tonic's own copy, held only until the hello is checked.
         let certificate = if self.require_identity {
-            match request
-                .peer_certs()
-                .and_then(|certs| certs.first().cloned())
-            {
-                Some(cert) => Some(cert.to_vec()),
+            match request.peer_certs().filter(|certs| !certs.is_empty()) {
+                Some(certs) => Some(certs),
                 None => {
                     return Err(Status::unauthenticated("a client certificate is required"));
                 }
@@ -160,27 +192,34 @@ impl Telemetry for IngestService {
         let session = Session {
             shared: Arc::clone(&self.shared),
             tx,
-            certificate,
             peer,
             id: self.shared.new_session_id(),
             refusals: Arc::clone(&self.refusals),
             in_flight: Arc::clone(&self.in_flight),
         };
-        tokio::spawn(session.run(inbound, self.closing.clone()));
-        Ok(Response::new(ReceiverStream::new(rx)))
+        tokio::spawn(session.run(inbound, self.closing.clone(), certificate));
+        Ok(Response::new(Outbox(rx)))
     }
 }
 
 struct Session {
     shared: Arc<WritePath>,
     tx: Outbound,
-    /// The client's certificate (DER) under mutual TLS.
-    certificate: Option<Vec<u8>>,
     peer: String,
     id: u64,
     /// Shared by every session: refusals are logged per cause, not per batch.
     refusals: Arc<Mutex<LogThrottle>>,
     in_flight: Arc<InFlight>,
+}
+
+/// What a stream does after a message.
+enum Step {
+    /// Carries on, after sending the agent this, if anything.
+    Next(Option<Outgoing>),
+    /// Ends, telling the agent why.
+    Fail(Status),
+    /// Ends, with the status of a receive that failed, if one did.
+    End(StreamEnd, Option<Status>),
 }
 
 /// What came off a stream.
@@ -197,13 +236,45 @@ enum Received {
     Failed(Status),
 }
 
+/// The client's certificate chain under mutual TLS, as tonic holds it.
+type PeerCerts = Arc<Vec<rustls_pki_types::CertificateDer<'static>>>;
+
 impl Session {
-    async fn run(
+    /// The stream's task, one per agent for as long as it streams. A plain
+    /// fn that returns the future, so that its arguments are held once (an
+    /// async fn holds them twice), with the hello's part in a future of its
+    /// own that ends with it: what the task keeps for the stream's life is
+    /// what the loop needs.
+    #[allow(
+        clippy::manual_async_fn,
+        reason = "an async fn holds its arguments twice, in every agent's task"
+    )]
+    fn run(
         self,
         mut inbound: Streaming<RawAgentMessage>,
         mut closing: watch::Receiver<bool>,
-    ) {
-        let first = self.receive(&mut inbound, &mut closing);
+        certificate: Option<PeerCerts>,
+    ) -> impl Future<Output = ()> + Send {
+        async move {
+            let greeted = Box::pin(self.greet(&mut inbound, &mut closing, certificate));
+            let Some(Hello { node, agent_id, .. }) = greeted.await else {
+                return;
+            };
+            self.serve(&node, &agent_id, &mut inbound, &mut closing)
+                .await;
+        }
+    }
+
+    /// Takes the stream's hello, checks it and the client's certificate,
+    /// connects the agent and welcomes it; None when the stream ends there
+    /// instead.
+    async fn greet(
+        &self,
+        inbound: &mut Streaming<RawAgentMessage>,
+        closing: &mut watch::Receiver<bool>,
+        certificate: Option<PeerCerts>,
+    ) -> Option<Hello> {
+        let first = self.receive(inbound, closing);
         let mut hello = match tokio::time::timeout(HELLO_TIMEOUT, first).await {
             Ok(Received::Message(
                 AgentMessage {
@@ -212,41 +283,48 @@ impl Session {
                 _raw,
                 _memory,
             )) => hello,
-            Ok(Received::End | Received::Closed) => return,
-            Ok(Received::Failed(status)) => return self.end_with(status).await,
+            Ok(Received::End | Received::Closed) => return None,
+            Ok(Received::Failed(status)) => {
+                self.end_with(status).await;
+                return None;
+            }
             Ok(Received::TooLarge(census)) => {
                 let reason = self.too_large(&census);
-                return self.fail(Status::invalid_argument(reason)).await;
+                self.fail(Status::invalid_argument(reason)).await;
+                return None;
             }
             Ok(Received::Message(..)) => {
-                return self
-                    .fail(Status::failed_precondition(
-                        "the first message on a stream must be a hello",
-                    ))
-                    .await;
+                self.fail(Status::failed_precondition(
+                    "the first message on a stream must be a hello",
+                ))
+                .await;
+                return None;
             }
             Err(_) => {
-                return self
-                    .fail(Status::deadline_exceeded("no hello within 10 s"))
+                self.fail(Status::deadline_exceeded("no hello within 10 s"))
                     .await;
+                return None;
             }
         };
         if let Err(e) = validate_hello(&hello) {
-            return self.fail(Status::invalid_argument(e.to_string())).await;
+            self.fail(Status::invalid_argument(e.to_string())).await;
+            return None;
         }
         // One node, one name: NODE-A and node-a. are node-a, in the
         // certificate check, the agent id's owner and every stored row.
         let sent_node = std::mem::take(&mut hello.node);
         hello.node = canonical_node(&sent_node);
-        if let Some(der) = &self.certificate
-            && !certificate_names(der, &hello.node)
+        if let Some(certs) = certificate
+            && !certs
+                .first()
+                .is_some_and(|der| certificate_names(der, &hello.node))
         {
-            return self
-                .fail(Status::permission_denied(format!(
-                    "this client's certificate does not name node {:?}; a node writes only as itself",
-                    hello.node
-                )))
-                .await;
+            self.fail(Status::permission_denied(format!(
+                "this client's certificate does not name node {:?}; a node writes only as itself",
+                hello.node
+            )))
+            .await;
+            return None;
         }
         let durable = match self.shared.connect(
             &hello.node,
@@ -255,7 +333,10 @@ impl Session {
             Arc::new(StreamAcks(self.tx.clone())),
         ) {
             Ok(durable) => durable,
-            Err(e) => return self.fail(Status::permission_denied(e.to_string())).await,
+            Err(e) => {
+                self.fail(Status::permission_denied(e.to_string())).await;
+                return None;
+            }
         };
         if sent_node == hello.node {
             info!(peer = %self.peer, node = %hello.node, agent_id = %hello.agent_id, version = %hello.agent_version, durable_seq = durable, "agent connected");
@@ -266,64 +347,80 @@ impl Session {
             durable_seq: durable,
             collector_version: env!("CARGO_PKG_VERSION").to_owned(),
         }));
-        if self.tx.send(Ok(welcome)).await.is_err() {
-            return;
-        }
-        self.shared.stream_opened(&hello.node);
-        // Only an agent that ends its stream itself stopped cleanly.
-        let mut end = StreamEnd::Lost;
-        loop {
-            match self.receive(&mut inbound, &mut closing).await {
-                Received::Message(
-                    AgentMessage {
-                        kind: Some(agent_message::Kind::Batch(batch)),
-                    },
-                    encoded,
-                    _memory,
-                ) => {
-                    // The batch's bytes as sent, logged as they came.
-                    if let Err(status) = self
-                        .on_batch(&hello.node, &hello.agent_id, &batch, encoded.as_deref())
-                        .await
-                    {
-                        self.fail(status).await;
-                        break;
+        self.send(Outgoing::message(Ok(welcome)))
+            .await
+            .then_some(hello)
+    }
+
+    /// Takes the batches that follow the hello until the stream ends.
+    async fn serve(
+        &self,
+        node: &str,
+        agent_id: &str,
+        inbound: &mut Streaming<RawAgentMessage>,
+        closing: &mut watch::Receiver<bool>,
+    ) {
+        self.shared.stream_opened(node);
+        let end = loop {
+            let received = self.receive(inbound, closing).await;
+            match self.step(node, agent_id, received) {
+                Step::Next(None) => {}
+                Step::Next(Some(reply)) => {
+                    self.send(reply).await;
+                }
+                Step::Fail(status) => {
+                    self.fail(status).await;
+                    break StreamEnd::Lost;
+                }
+                Step::End(end, failed) => {
+                    if let Some(status) = failed {
+                        self.end_with(status).await;
                     }
-                }
-                Received::Message(..) => {
-                    self.fail(Status::failed_precondition(
-                        "only batches may follow the hello",
-                    ))
-                    .await;
-                    break;
-                }
-                Received::TooLarge(census) => {
-                    self.shared.heard(&hello.node, None);
-                    let reason = self.too_large(&census);
-                    match census.kind {
-                        Kind::Batch { seq } => {
-                            self.reject(&hello.node, &hello.agent_id, seq, reason).await;
-                        }
-                        Kind::Hello | Kind::Empty => {
-                            self.fail(Status::invalid_argument(reason)).await;
-                            break;
-                        }
-                    }
-                }
-                Received::Closed => {
-                    end = StreamEnd::Closed;
-                    break;
-                }
-                Received::End => break,
-                Received::Failed(status) => {
-                    self.end_with(status).await;
-                    break;
+                    break end;
                 }
             }
+        };
+        self.shared.stream_closed(node, end);
+        self.shared.disconnect(agent_id, self.id);
+        info!(peer = %self.peer, node, agent_id, "agent disconnected");
+    }
+
+    /// What the stream does after a message. Worked out without waiting,
+    /// so that the message and its memory are dropped before anything is
+    /// sent.
+    fn step(&self, node: &str, agent_id: &str, received: Received) -> Step {
+        match received {
+            Received::Message(
+                AgentMessage {
+                    kind: Some(agent_message::Kind::Batch(batch)),
+                },
+                encoded,
+                _memory,
+            ) => {
+                // The batch's bytes as sent, logged as they came.
+                match self.on_batch(node, agent_id, &batch, encoded.as_deref()) {
+                    Ok(reply) => Step::Next(reply),
+                    Err(status) => Step::Fail(status),
+                }
+            }
+            Received::Message(..) => Step::Fail(Status::failed_precondition(
+                "only batches may follow the hello",
+            )),
+            Received::TooLarge(census) => {
+                self.shared.heard(node, None);
+                let reason = self.too_large(&census);
+                match census.kind {
+                    Kind::Batch { seq } => {
+                        Step::Next(Some(self.rejection(node, agent_id, seq, reason)))
+                    }
+                    Kind::Hello | Kind::Empty => Step::Fail(Status::invalid_argument(reason)),
+                }
+            }
+            // Only an agent that ends its stream itself stopped cleanly.
+            Received::Closed => Step::End(StreamEnd::Closed, None),
+            Received::End => Step::End(StreamEnd::Lost, None),
+            Received::Failed(status) => Step::End(StreamEnd::Lost, Some(status)),
         }
-        self.shared.stream_closed(&hello.node, end);
-        self.shared.disconnect(&hello.agent_id, self.id);
-        info!(peer = %self.peer, node = %hello.node, agent_id = %hello.agent_id, "agent disconnected");
     }
 
     /// The next message off the stream: counted, given its memory (waiting
@@ -361,12 +458,16 @@ impl Session {
                         "in-flight memory budget taken: streams wait for it before decoding"
                     );
                 }
-                tokio::select! {
-                    memory = free.acquire_many_owned(kib(bound)) => match memory {
-                        Ok(memory) => memory,
-                        Err(_) => return Received::End,
-                    },
-                    _ = closing.wait_for(|closing| *closing) => return Received::End,
+                // Boxed, as rare waits are (see `send`).
+                let waited = Box::pin(async {
+                    tokio::select! {
+                        memory = free.acquire_many_owned(kib(bound)) => memory.ok(),
+                        _ = closing.wait_for(|closing| *closing) => None,
+                    }
+                });
+                match waited.await {
+                    Some(memory) => memory,
+                    None => return Received::End,
                 }
             }
         };
@@ -388,16 +489,18 @@ impl Session {
         )
     }
 
-    async fn on_batch(
+    /// Takes a batch in; what to send the agent for it (acks come from the
+    /// write path once the batch is durable), or why the stream ends.
+    fn on_batch(
         &self,
         node: &str,
         agent_id: &str,
         batch: &gputel_proto::Batch,
         encoded: Option<&[u8]>,
-    ) -> Result<(), Status> {
+    ) -> Result<Option<Outgoing>, Status> {
         let shared = &self.shared;
         if shared.is_draining() {
-            return Ok(());
+            return Ok(None);
         }
         let valid = validate_batch(batch, shared.clock().now_us());
         // Heard from, whatever becomes of the batch; a valid one also tells
@@ -406,22 +509,26 @@ impl Session {
         let valid = match valid {
             Ok(valid) => valid,
             Err(e) => {
-                self.reject(node, agent_id, batch.seq, e.to_string()).await;
-                return Ok(());
+                return Ok(Some(self.rejection(
+                    node,
+                    agent_id,
+                    batch.seq,
+                    e.to_string(),
+                )));
             }
         };
         match shared.accept(node, agent_id, valid, encoded) {
-            Ok(Accepted::New) => {}
+            Ok(Accepted::New) => Ok(None),
             Ok(Accepted::Duplicate(durable)) => {
                 debug!(node, agent_id, seq = batch.seq, "duplicate batch dropped");
-                if let Some(seq) = durable {
-                    let ack = message(collector_message::Kind::Ack(Ack { seq }));
-                    let _ = self.tx.send(Ok(ack)).await;
-                }
+                Ok(durable.map(Outgoing::Ack))
             }
-            Err(Refused::Sequence(e)) => {
-                self.reject(node, agent_id, batch.seq, e.to_string()).await
-            }
+            Err(Refused::Sequence(e)) => Ok(Some(self.rejection(
+                node,
+                agent_id,
+                batch.seq,
+                e.to_string(),
+            ))),
             // The agent keeps the batch and retries after a backoff.
             Err(e @ Refused::OverRate { .. }) => {
                 if let Some(unlogged) = self.refusal_news("over its rate") {
@@ -430,7 +537,7 @@ impl Session {
                         agent_id, unlogged, "agent over its rate: batch refused"
                     );
                 }
-                return Err(Status::resource_exhausted(e.to_string()));
+                Err(Status::resource_exhausted(e.to_string()))
             }
             Err(e @ Refused::StoreBehind { .. }) => {
                 if let Some(unlogged) = self.refusal_news("store behind") {
@@ -439,7 +546,7 @@ impl Session {
                         agent_id, unlogged, "store behind: batch refused until it catches up"
                     );
                 }
-                return Err(Status::resource_exhausted(e.to_string()));
+                Err(Status::resource_exhausted(e.to_string()))
             }
             // Ending the stream makes the agent resend from its last
             // acknowledged batch, once the log works again.
@@ -452,10 +559,9 @@ impl Session {
                 if let Some(unlogged) = self.refusal_news(&cause) {
                     error!(node, agent_id, seq = batch.seq, unlogged, error = %e, "batch not taken in; further refusals for this cause are counted, logged once a minute");
                 }
-                return Err(Status::unavailable(e.to_string()));
+                Err(Status::unavailable(e.to_string()))
             }
         }
-        Ok(())
     }
 
     /// Whether a refusal for `cause` is to be logged now, and how many went
@@ -468,12 +574,14 @@ impl Session {
     }
 
     /// Refuses one batch for good: the agent drops it and logs the reason;
-    /// the stream carries on.
-    async fn reject(&self, node: &str, agent_id: &str, seq: u64, reason: String) {
+    /// the stream carries on. Returns the message that tells the agent.
+    fn rejection(&self, node: &str, agent_id: &str, seq: u64, reason: String) -> Outgoing {
         self.shared.count_rejected();
         warn!(node, agent_id, seq, reason, "batch rejected");
-        let reject = message(collector_message::Kind::Reject(Reject { seq, reason }));
-        let _ = self.tx.send(Ok(reject)).await;
+        Outgoing::message(Ok(message(collector_message::Kind::Reject(Reject {
+            seq,
+            reason,
+        }))))
     }
 
     /// A message could not be received. A message that could not be decoded
@@ -490,7 +598,15 @@ impl Session {
 
     async fn fail(&self, status: Status) {
         warn!(peer = %self.peer, status = %status.message(), "stream refused");
-        let _ = self.tx.send(Err(status)).await;
+        self.send(Outgoing::message(Err(status))).await;
+    }
+
+    /// Queues a message for the agent, waiting while its queue is full;
+    /// false once the agent's side is gone. The wait is boxed: it is rare (a
+    /// welcome, a reject, a stream's last status), and inline it would take
+    /// room in every stream's task for the stream's whole life.
+    async fn send(&self, outgoing: Outgoing) -> bool {
+        Box::pin(self.tx.send(outgoing)).await.is_ok()
     }
 }
 
@@ -622,5 +738,34 @@ mod tests {
         let census = census(&raw).expect("census");
         assert!(decode(&raw, &census).is_err());
         assert!(AgentMessage::decode(raw).is_err());
+    }
+
+    #[tokio::test]
+    async fn the_outbox_sends_what_was_queued_in_order_acks_as_messages() {
+        // A slot of the stream's queue holds an ack's number or a pointer.
+        assert_eq!(std::mem::size_of::<Outgoing>(), 16);
+        let (tx, rx) = mpsc::channel(8);
+        let reject = message(collector_message::Kind::Reject(Reject {
+            seq: 8,
+            reason: "too old".to_owned(),
+        }));
+        for outgoing in [
+            Outgoing::Ack(7),
+            Outgoing::message(Ok(reject.clone())),
+            Outgoing::Ack(9),
+            Outgoing::message(Err(Status::invalid_argument("malformed message"))),
+        ] {
+            tx.send(outgoing).await.expect("queued");
+        }
+        drop(tx);
+        let sent: Vec<_> = tokio_stream::StreamExt::collect(Outbox(rx)).await;
+        let ack = |seq| message(collector_message::Kind::Ack(Ack { seq }));
+        assert_eq!(sent.len(), 4);
+        assert_eq!(sent[0].as_ref().ok(), Some(&ack(7)));
+        assert_eq!(sent[1].as_ref().ok(), Some(&reject));
+        assert_eq!(sent[2].as_ref().ok(), Some(&ack(9)));
+        let status = sent[3].as_ref().expect_err("the last is a status");
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert_eq!(status.message(), "malformed message");
     }
 }
