@@ -8,19 +8,23 @@
 use std::io;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use rustls::RootCertStore;
 use rustls::server::WebPkiClientVerifier;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::server::Connected;
 use tracing::{debug, warn};
 
 use crate::config::TlsFiles;
@@ -105,7 +109,7 @@ pub fn server_config(files: &TlsFiles) -> Result<Arc<rustls::ServerConfig>, TlsE
 pub fn incoming(
     listener: TcpListener,
     config: Arc<rustls::ServerConfig>,
-) -> ReceiverStream<Result<TlsStream<TcpStream>, io::Error>> {
+) -> ReceiverStream<Result<Accepted, io::Error>> {
     let (tx, rx) = mpsc::channel(ACCEPTED_QUEUE);
     let acceptor = TlsAcceptor::from(config);
     let failures = Arc::new(Mutex::new(FailureLog::new(Instant::now())));
@@ -130,7 +134,7 @@ pub fn incoming(
                 let reason =
                     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                         Ok(Ok(stream)) => {
-                            let _ = tx.send(Ok(stream)).await;
+                            let _ = tx.send(Ok(Accepted(Box::new(stream)))).await;
                             return;
                         }
                         Ok(Err(e)) => e.to_string(),
@@ -142,6 +146,63 @@ pub fn incoming(
         }
     });
     ReceiverStream::new(rx)
+}
+
+/// A connection whose handshake is done, boxed. rustls' connection makes a
+/// TLS stream 1.2 KB where a TCP stream is 32 bytes, and tonic's task for
+/// a connection holds its stream twice over (the argument it was started
+/// with and the connection made of it), inline, for as long as the agent
+/// streams: boxed, the stream is held once.
+#[derive(Debug)]
+pub struct Accepted(Box<TlsStream<TcpStream>>);
+
+impl AsyncRead for Accepted {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.0).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Accepted {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut *self.0).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut *self.0).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.0.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut *self.0).poll_shutdown(cx)
+    }
+}
+
+impl Connected for Accepted {
+    type ConnectInfo = <TlsStream<TcpStream> as Connected>::ConnectInfo;
+
+    /// The TLS stream's: the peer's address and certificate chain.
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.0.connect_info()
+    }
 }
 
 /// Rate-limits the log lines of failed handshakes.
