@@ -11,8 +11,8 @@ use gputel_proto::{
     AlertRow, GpuEvent, GpuProcess, GpuSample, IbPortSample, NodeEvent, NodeSample,
 };
 use gputel_schemas::{
-    AlertRows, Columns, EventRows, EventSource, GpuProcessRows, GpuRows, IbRows, JobRows, JobSpan,
-    NodeRows, PartitionKey, Table,
+    AlertRows, Columns, EventRows, EventSource, GpuProcessRows, GpuRows, HourCache, IbRows,
+    JobRows, JobSpan, NodeRows, PartitionKey, Table,
 };
 
 use crate::validate::ValidBatch;
@@ -77,14 +77,62 @@ impl WriteBuffer {
     /// Appends every row of a validated batch from `node`.
     pub fn append(&mut self, node: &str, batch: ValidBatch<'_>) {
         let batch = batch.get();
-        append_all(&mut self.gpu, self.room.gpu, node, &batch.gpu, |s| s.ts_us);
-        for s in &batch.gpu {
-            if let Some(job_id) = &s.job_id {
-                let key = PartitionKey::from_ts_us(s.ts_us)
-                    .expect("ValidBatch guarantees every timestamp has a partition");
-                let nodes = entry_by_str(self.jobs.entry(key).or_default(), job_id);
-                entry_by_str(nodes, node)
-                    .entry(s.gpu)
+        let hours = &mut HourCache::default();
+        append_all(&mut self.gpu, self.room.gpu, hours, node, &batch.gpu, |s| {
+            s.ts_us
+        });
+        self.note_jobs(node, &batch.gpu, hours);
+        append_all(
+            &mut self.node,
+            self.room.node,
+            hours,
+            node,
+            &batch.node,
+            |s| s.ts_us,
+        );
+        append_all(&mut self.ib, self.room.ib, hours, node, &batch.ib, |s| {
+            s.ts_us
+        });
+        append_all(&mut self.event, 0, hours, node, &batch.event, |s| s.ts_us);
+        append_all(
+            &mut self.gpu_process,
+            0,
+            hours,
+            node,
+            &batch.gpu_process,
+            |s| s.ts_us,
+        );
+        self.rows += crate::validate::row_count(batch);
+        self.appended.gpu += batch.gpu.len();
+        self.appended.node += batch.node.len();
+        self.appended.ib += batch.ib.len();
+    }
+
+    /// Notes on which GPU each job was seen and when, for the `job` table.
+    /// A run of samples of one job in one hour (a node's GPUs in a tick, as
+    /// a batch holds them) looks its job and node up once.
+    fn note_jobs(&mut self, node: &str, samples: &[GpuSample], hours: &mut HourCache) {
+        let mut rest = samples;
+        while let Some(first) = rest.first() {
+            let Some(job_id) = first.job_id.as_deref() else {
+                rest = &rest[1..];
+                continue;
+            };
+            let key = hours
+                .key(first.ts_us)
+                .expect("ValidBatch guarantees every timestamp has a partition");
+            let same = rest
+                .iter()
+                .take_while(|s| {
+                    s.job_id.as_deref() == Some(job_id) && hours.key(s.ts_us) == Ok(key)
+                })
+                .count();
+            let (run, after) = rest.split_at(same);
+            rest = after;
+            let nodes = entry_by_str(self.jobs.entry(key).or_default(), job_id);
+            let gpus = entry_by_str(nodes, node);
+            for s in run {
+                gpus.entry(s.gpu)
                     .and_modify(|seen| {
                         seen.first_us = seen.first_us.min(s.ts_us);
                         seen.last_us = seen.last_us.max(s.ts_us);
@@ -97,18 +145,6 @@ impl WriteBuffer {
                     });
             }
         }
-        append_all(&mut self.node, self.room.node, node, &batch.node, |s| {
-            s.ts_us
-        });
-        append_all(&mut self.ib, self.room.ib, node, &batch.ib, |s| s.ts_us);
-        append_all(&mut self.event, 0, node, &batch.event, |s| s.ts_us);
-        append_all(&mut self.gpu_process, 0, node, &batch.gpu_process, |s| {
-            s.ts_us
-        });
-        self.rows += crate::validate::row_count(batch);
-        self.appended.gpu += batch.gpu.len();
-        self.appended.node += batch.node.len();
-        self.appended.ib += batch.ib.len();
     }
 
     /// Appends alert firings and resolutions (the node is in each row).
@@ -222,12 +258,14 @@ fn entry_by_str<'m, V: Default>(map: &'m mut BTreeMap<String, V>, key: &str) -> 
 fn append_all<S, R: Rows<S>>(
     partitions: &mut BTreeMap<PartitionKey, R>,
     room: usize,
+    hours: &mut HourCache,
     node: &str,
     samples: &[S],
     ts_us: impl Fn(&S) -> i64,
 ) {
     for s in samples {
-        let key = PartitionKey::from_ts_us(ts_us(s))
+        let key = hours
+            .key(ts_us(s))
             .expect("ValidBatch guarantees every timestamp has a partition");
         let room = if partitions.is_empty() { room } else { 0 };
         partitions
@@ -317,6 +355,115 @@ mod tests {
             let valid = validate_batch(&batch, ts_us).expect("valid");
             buffer.append("node-a", valid);
         }
+    }
+
+    /// The `job` rows: which job ran on which GPU, from when to when in
+    /// each hour, with runs of one job, GPUs of none and an hour's end
+    /// within one batch.
+    #[test]
+    fn job_spans_are_noted_per_hour_gpu_and_job() {
+        use arrow_array::cast::AsArray;
+        use arrow_array::types::{Int32Type, Int64Type, TimestampMicrosecondType};
+
+        let t0 = 1_795_175_999_000_000; // 2026-11-20T11:59:59Z
+        let (t1, t2) = (t0 + 1_000_000, t0 + 2_000_000); // the next hour
+        let samples = |ts_us: i64, jobs: [Option<&str>; 5]| -> Vec<GpuSample> {
+            (0..5)
+                .map(|gpu| GpuSample {
+                    ts_us,
+                    gpu,
+                    uuid: format!("GPU-{gpu}"),
+                    job_id: jobs[gpu as usize].map(str::to_owned),
+                    ..Default::default()
+                })
+                .collect()
+        };
+        let (a, b) = (Some("job-a"), Some("job-b"));
+        let mut buffer = WriteBuffer::default();
+        let batches = [
+            [
+                samples(t0, [a, a, None, b, a]),
+                samples(t1, [a, a, a, None, b]),
+            ]
+            .concat(),
+            [samples(t2, [a, a, a, None, b]), samples(t2 + 1, [None; 5])].concat(),
+        ];
+        for (seq, gpu) in batches.into_iter().enumerate() {
+            let batch = Batch {
+                seq: seq as u64 + 1,
+                gpu,
+                ..Default::default()
+            };
+            buffer.append("node-a", validate_batch(&batch, t2).expect("valid"));
+        }
+
+        let mut spans = Vec::new();
+        for (table, key, rows) in buffer.take_batches().expect("take") {
+            if table != Table::Job {
+                continue;
+            }
+            let text = |name: &str| {
+                let dict = rows
+                    .column_by_name(name)
+                    .unwrap()
+                    .as_dictionary::<Int32Type>();
+                let values = dict.values().as_string::<i32>().clone();
+                dict.keys()
+                    .values()
+                    .iter()
+                    .map(move |&k| values.value(k as usize).to_owned())
+                    .collect::<Vec<_>>()
+            };
+            let (jobs, nodes) = (text("job_id"), text("node"));
+            let gpus = rows
+                .column_by_name("gpu")
+                .unwrap()
+                .as_primitive::<Int32Type>();
+            let first = rows.column_by_name("ts").unwrap();
+            let first = first.as_primitive::<TimestampMicrosecondType>();
+            let last = rows.column_by_name("last_ts").unwrap();
+            let last = last.as_primitive::<TimestampMicrosecondType>();
+            let count = rows
+                .column_by_name("samples")
+                .unwrap()
+                .as_primitive::<Int64Type>();
+            for i in 0..rows.num_rows() {
+                spans.push((
+                    key.hour(),
+                    jobs[i].clone(),
+                    nodes[i].clone(),
+                    gpus.value(i),
+                    first.value(i),
+                    last.value(i),
+                    count.value(i),
+                ));
+            }
+        }
+        spans.sort();
+        let span = |hour, job: &str, gpu, first, last, samples| {
+            (
+                hour,
+                job.to_owned(),
+                "node-a".to_owned(),
+                gpu,
+                first,
+                last,
+                samples,
+            )
+        };
+        assert_eq!(
+            spans,
+            [
+                span(11, "job-a", 0, t0, t0, 1),
+                span(11, "job-a", 1, t0, t0, 1),
+                span(11, "job-a", 4, t0, t0, 1),
+                span(11, "job-b", 3, t0, t0, 1),
+                span(12, "job-a", 0, t1, t2, 2),
+                span(12, "job-a", 1, t1, t2, 2),
+                span(12, "job-a", 2, t1, t2, 2),
+                span(12, "job-b", 4, t1, t2, 2),
+            ]
+        );
     }
 
     /// The buffer after a flush starts with room for the rows the one

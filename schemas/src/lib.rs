@@ -25,7 +25,7 @@ mod tables;
 pub mod xid;
 
 pub use column::{ColumnError, RowContext, SharedNulls};
-pub use partition::{PartitionError, PartitionKey, PartitionPath};
+pub use partition::{HourCache, PartitionError, PartitionKey, PartitionPath};
 pub use scheduler_job::{JobTracePath, Month, scheduler_job_schema};
 pub use tables::{
     AlertRows, BatchColumns, Columns, EventRows, EventSource, GpuProcessRows, GpuRows, IbRows,

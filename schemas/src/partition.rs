@@ -56,6 +56,34 @@ impl PartitionKey {
     }
 }
 
+/// Microseconds in an hour: a partition is the hour `ts_us.div_euclid(HOUR_US)`
+/// of Unix time, which has no leap seconds.
+const HOUR_US: i64 = 3_600_000_000;
+
+/// [`PartitionKey::from_ts_us`] for a run of timestamps that nearly always
+/// share their hour, as the rows of a batch do: the calendar is worked out
+/// once an hour, not once a row.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct HourCache {
+    /// The last hour looked up (`ts_us.div_euclid(HOUR_US)`) and its key.
+    last: Option<(i64, PartitionKey)>,
+}
+
+impl HourCache {
+    /// The partition holding a timestamp, as [`PartitionKey::from_ts_us`].
+    pub fn key(&mut self, ts_us: i64) -> Result<PartitionKey, PartitionError> {
+        let hour = ts_us.div_euclid(HOUR_US);
+        if let Some((last, key)) = self.last
+            && last == hour
+        {
+            return Ok(key);
+        }
+        let key = PartitionKey::from_ts_us(ts_us)?;
+        self.last = Some((hour, key));
+        Ok(key)
+    }
+}
+
 impl fmt::Display for PartitionKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -164,6 +192,37 @@ mod tests {
         assert_eq!(
             PartitionKey::from_ts_us(i64::MAX),
             Err(PartitionError::Timestamp(i64::MAX))
+        );
+    }
+
+    #[test]
+    fn the_hour_cache_gives_what_each_timestamp_would() {
+        let midnight = 1_795_219_200_000_000; // 2026-11-21T00:00:00Z
+        let mut cache = HourCache::default();
+        let mut times = vec![
+            midnight - 1,
+            midnight,
+            midnight + 1,
+            midnight - 1,
+            midnight + HOUR_US - 1,
+            midnight + HOUR_US,
+            -HOUR_US - 1,
+            -HOUR_US,
+            -1,
+            0,
+            i64::MIN,
+            i64::MAX,
+            midnight,
+        ];
+        // A batch's rows: the same second, then the next hours, then back.
+        times.extend((0..200).map(|i| midnight + (i % 7) * 900_000_000 + i));
+        for ts_us in times {
+            assert_eq!(cache.key(ts_us), PartitionKey::from_ts_us(ts_us), "{ts_us}");
+        }
+        assert_eq!(
+            cache.key(i64::MAX),
+            Err(PartitionError::Timestamp(i64::MAX)),
+            "an unrepresentable hour is never cached"
         );
     }
 
