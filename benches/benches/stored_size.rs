@@ -31,8 +31,10 @@ use gputel_benches::{
     AgentBatch, Values, bench_mode, buffer_and_take, metric_columns, metric_values, simulate,
     simulate_values,
 };
-use gputel_collector::persist::{compacted_properties, encode_with, sort_rows, writer_properties};
-use gputel_schemas::Table;
+use gputel_collector::persist::{
+    compacted_properties, encode_with, sort_and_encode, sort_rows, writer_properties,
+};
+use gputel_schemas::{BatchColumns, Table};
 use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::properties::{
     DEFAULT_DATA_PAGE_ROW_COUNT_LIMIT, DEFAULT_PAGE_SIZE, WriterProperties, WriterPropertiesBuilder,
@@ -206,9 +208,18 @@ fn type_class(t: &DataType) -> &'static str {
 
 impl Size {
     fn add(&mut self, table: Table, batch: &RecordBatch, settings: Settings) {
-        let sorted = sort_rows(table, batch).expect("sort key columns exist");
-        let props = settings.properties(table, sorted.num_rows());
-        let bytes = encode_with(table.schema(), props, &sorted).expect("encode Parquet");
+        let bytes = match settings {
+            // The flush's own encoding (its empty columns uncompressed).
+            Settings::Flush => {
+                sort_and_encode(table, &mut BatchColumns::from(batch.clone()), "flush")
+                    .expect("encode Parquet")
+            }
+            _ => {
+                let sorted = sort_rows(table, batch).expect("sort key columns exist");
+                let props = settings.properties(table, sorted.num_rows());
+                encode_with(table.schema(), props, &sorted).expect("encode Parquet")
+            }
+        };
         self.files += 1;
         self.rows += batch.num_rows();
         self.values += metric_values(table, batch);

@@ -358,6 +358,13 @@ impl<'a> FileColumns<'a> {
 /// Each column is let go once its last group is encoded, so what a file
 /// holds is its sort key, its rows still packed and the one column being
 /// encoded: the memory a column frees is what the next one is made in.
+///
+/// A column without a value in the file (a field the agents do not send)
+/// is written uncompressed: its pages are a few bytes of levels, which
+/// zstd would only wrap in a larger frame, and its writer then makes no
+/// zstd contexts (parquet's codec makes a compressor and a decompressor
+/// for every column chunk, and each asks the CPU for its features, which
+/// traps to the hypervisor on a virtual machine).
 pub(crate) fn encode_in_order<E>(
     props: WriterProperties,
     schema: &SchemaRef,
@@ -375,6 +382,7 @@ pub(crate) fn encode_in_order<E>(
         .and_then(ArrowWriter::into_serialized_writer)
         .map_err(&write_error)?;
     let props = Arc::clone(file.properties());
+    let mut uncompressed: Option<WriterPropertiesPtr> = None;
     let mut nulls = SharedNulls::default();
     let mut group_start = 0;
     while group_start < indices.len() {
@@ -384,8 +392,16 @@ pub(crate) fn encode_in_order<E>(
         let mut row_group = file.next_row_group().map_err(&write_error)?;
         for (index, field) in schema.fields().iter().enumerate() {
             let column = columns.get(index);
+            let chunk_props = if column.null_count() == column.len() {
+                uncompressed.get_or_insert_with(|| {
+                    let props = props.as_ref().clone().into_builder();
+                    Arc::new(props.set_compression(Compression::UNCOMPRESSED).build())
+                })
+            } else {
+                &props
+            };
             let mut chunk =
-                ColumnChunkWriter::new(field, &props, group_index).map_err(&write_error)?;
+                ColumnChunkWriter::new(field, chunk_props, group_index).map_err(&write_error)?;
             let mut start = 0;
             while start < group.len() {
                 let len = ENCODE_SLICE_ROWS.min(group.len() - start);
@@ -823,9 +839,30 @@ mod tests {
         batch: &RecordBatch,
         indices: &UInt32Array,
     ) -> Bytes {
+        let props = empty_columns_uncompressed(props, batch);
         let mut writer = in_memory_writer(batch.schema(), props, batch.num_rows()).expect("writer");
         write_in_order(&mut writer, batch, indices, ParquetError::from, |e| e).expect("write");
         finish(writer).expect("finish")
+    }
+
+    /// `props` with every leaf of a column of `batch` that holds no value
+    /// uncompressed, as [`encode_in_order`] writes them.
+    fn empty_columns_uncompressed(
+        props: WriterProperties,
+        batch: &RecordBatch,
+    ) -> WriterProperties {
+        let descr = ArrowSchemaConverter::new()
+            .convert(&batch.schema())
+            .expect("schema");
+        let mut props = props.into_builder();
+        for leaf in 0..descr.num_columns() {
+            let column = batch.column(descr.get_column_root_idx(leaf));
+            if column.null_count() == column.len() {
+                let path = descr.column(leaf).path().clone();
+                props = props.set_column_compression(path, Compression::UNCOMPRESSED);
+            }
+        }
+        props.build()
     }
 
     #[test]
@@ -859,6 +896,46 @@ mod tests {
             .iter()
             .find(|(t, _)| *t == Table::Gpu)
             .expect("gpu rows");
+        // A column without a value is stored uncompressed, one with values
+        // with zstd.
+        let footer = parquet::file::metadata::ParquetMetaDataReader::new()
+            .parse_and_finish(&encode_batch(Table::Gpu, gpu, "gpu.parquet").expect("encode"))
+            .expect("footer");
+        let codec = |name: &str| {
+            let group = footer.row_group(0);
+            let chunk = group
+                .columns()
+                .iter()
+                .find(|c| c.column_path().string() == name);
+            chunk.expect(name).compression()
+        };
+        let schema = gpu.schema();
+        let (empty, full): (Vec<_>, Vec<_>) = schema
+            .fields()
+            .iter()
+            .zip(gpu.columns())
+            .filter(|(f, _)| !f.data_type().is_nested())
+            .partition(|(_, c)| c.null_count() == c.len());
+        assert!(
+            !empty.is_empty(),
+            "the simulated rows leave some fields out"
+        );
+        for (field, _) in empty {
+            assert_eq!(
+                codec(field.name()),
+                Compression::UNCOMPRESSED,
+                "{}",
+                field.name()
+            );
+        }
+        for (field, _) in full {
+            assert_eq!(
+                codec(field.name()),
+                zstd(FLUSH_ZSTD_LEVEL),
+                "{}",
+                field.name()
+            );
+        }
         let sorted = sort_rows(Table::Gpu, gpu).expect("sort");
         let read = read_rows(encode_batch(Table::Gpu, gpu, "gpu.parquet").expect("encode"));
         assert_eq!(read.num_rows(), 28_800);
