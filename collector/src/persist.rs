@@ -344,8 +344,9 @@ impl<'a> FileColumns<'a> {
 
 /// Encodes `columns`' rows in the order of `indices` as one Parquet file
 /// of `schema`: the file parquet's [`ArrowWriter`] makes of the rows in
-/// that order when its row groups are whole slices (a flush's one group),
-/// byte for byte, but made a column at a time. Each column's rows are
+/// that order when its row groups are whole slices (a flush's one group)
+/// and its properties leave the columns without a value uncompressed (see
+/// below), byte for byte, but made a column at a time. Each column's rows are
 /// reordered [`ENCODE_SLICE_ROWS`] at a time into that column's writer,
 /// whose chunk then goes into the row group before the next column's
 /// writer is made. So one column's pages, compressor and encoder state are
