@@ -31,13 +31,11 @@ use gputel_benches::{
     AgentBatch, Values, bench_mode, buffer_and_take, metric_columns, metric_values, simulate,
     simulate_values,
 };
-use gputel_collector::persist::{
-    compacted_properties, encode_with, sort_and_encode, sort_rows, writer_properties,
-};
+use gputel_collector::persist::{compacted_properties, encode_with, sort_and_encode, sort_rows};
 use gputel_schemas::{BatchColumns, Table};
 use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::properties::{
-    DEFAULT_DATA_PAGE_ROW_COUNT_LIMIT, DEFAULT_PAGE_SIZE, WriterProperties, WriterPropertiesBuilder,
+    DEFAULT_DATA_PAGE_ROW_COUNT_LIMIT, DEFAULT_PAGE_SIZE, WriterPropertiesBuilder,
 };
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::schema::types::ColumnPath;
@@ -64,7 +62,7 @@ struct Size {
 /// Which writer settings a file is written with.
 #[derive(Debug, Clone, Copy)]
 enum Settings {
-    /// The collector's flushes: `persist::writer_properties`.
+    /// The collector's flushes: `persist::sort_and_encode`.
     Flush,
     /// `gputel-collector compact`: `persist::compacted_properties`.
     Compacted,
@@ -73,16 +71,21 @@ enum Settings {
 }
 
 impl Settings {
-    fn properties(self, table: Table, rows: usize) -> WriterProperties {
-        match self {
-            Settings::Flush => writer_properties(table),
-            Settings::Compacted => compacted_properties(table, rows),
-            Settings::Variant(v) => (v.change)(
-                compacted_properties(table, rows).into_builder(),
-                &table.schema(),
-            )
-            .build(),
-        }
+    /// `batch` as one file written with these settings: a flush's through
+    /// the flush's own code (its columns without a value uncompressed), the
+    /// others by parquet's `ArrowWriter` from the sorted rows.
+    fn encode(self, table: Table, batch: &RecordBatch) -> Bytes {
+        let compacted = compacted_properties(table, batch.num_rows());
+        let props = match self {
+            Settings::Flush => {
+                return sort_and_encode(table, &mut BatchColumns::from(batch.clone()), "flush")
+                    .expect("encode Parquet");
+            }
+            Settings::Compacted => compacted,
+            Settings::Variant(v) => (v.change)(compacted.into_builder(), &table.schema()).build(),
+        };
+        let sorted = sort_rows(table, batch).expect("sort key columns exist");
+        encode_with(table.schema(), props, &sorted).expect("encode Parquet")
     }
 }
 
@@ -208,18 +211,7 @@ fn type_class(t: &DataType) -> &'static str {
 
 impl Size {
     fn add(&mut self, table: Table, batch: &RecordBatch, settings: Settings) {
-        let bytes = match settings {
-            // The flush's own encoding (its empty columns uncompressed).
-            Settings::Flush => {
-                sort_and_encode(table, &mut BatchColumns::from(batch.clone()), "flush")
-                    .expect("encode Parquet")
-            }
-            _ => {
-                let sorted = sort_rows(table, batch).expect("sort key columns exist");
-                let props = settings.properties(table, sorted.num_rows());
-                encode_with(table.schema(), props, &sorted).expect("encode Parquet")
-            }
-        };
+        let bytes = settings.encode(table, batch);
         self.files += 1;
         self.rows += batch.num_rows();
         self.values += metric_values(table, batch);
