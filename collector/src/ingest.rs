@@ -446,8 +446,8 @@ impl Session {
         if bound > self.in_flight.per_message_bytes {
             return Received::TooLarge(census);
         }
-        let free = Arc::clone(&self.in_flight.free_kib);
-        let memory = match free.clone().try_acquire_many_owned(kib(bound)) {
+        let free = &self.in_flight.free_kib;
+        let memory = match Arc::clone(free).try_acquire_many_owned(kib(bound)) {
             Ok(memory) => memory,
             Err(_) => {
                 if let Some(unlogged) = self.refusal_news("in-flight memory budget") {
@@ -461,7 +461,7 @@ impl Session {
                 // Boxed, as rare waits are (see `send`).
                 let waited = Box::pin(async {
                     tokio::select! {
-                        memory = free.acquire_many_owned(kib(bound)) => memory.ok(),
+                        memory = Arc::clone(free).acquire_many_owned(kib(bound)) => memory.ok(),
                         _ = closing.wait_for(|closing| *closing) => None,
                     }
                 });
