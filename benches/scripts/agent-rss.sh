@@ -31,8 +31,19 @@ say "agent: $ticks ticks at 10 ms on the fixtures and 8 fake GPUs${TLS_PKI:+, ov
 /usr/bin/time -v -o "$dir/agent.time" "$AGENT" --nvml-lib "$FAKE_NVML" \
   --procfs-root "$FIXTURES/proc" --sysfs-root "$FIXTURES/sys" --node bench-node \
   "${target[@]}" --interval 10ms \
-  --ticks "$ticks" --log warn >"$dir/agent.out" 2>"$dir/agent.log" \
-  || die "the agent failed: $(tail -5 "$dir/agent.log")"
+  --ticks "$ticks" --log warn >"$dir/agent.out" 2>"$dir/agent.log" &
+timed=$!
+# The resident memory's two parts, from the agent's /proc status every
+# 500 ms: anonymous (heap, stacks) and file-backed (its executable's and
+# libraries' pages mapped from the page cache).
+sleep 0.2
+pid=$(pgrep -P "$timed" | head -1)
+while [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null; do
+  awk '/^RssAnon/ { a = $2 } /^RssFile/ { f = $2 } END { if (a) print a, f }' \
+    "/proc/$pid/status" 2>/dev/null || true
+  sleep 0.5
+done >"$dir/rss.txt"
+wait "$timed" || die "the agent failed: $(tail -5 "$dir/agent.log")"
 stop_collector
 
 cpu=$(tv_cpu "$dir/agent.time")
@@ -40,3 +51,6 @@ machine
 printf 'agent: %s ticks, %s CPU seconds (%s µs per tick), peak RSS %s MB, wall %s\n' \
   "$ticks" "$cpu" "$(awk -v c="$cpu" -v t="$ticks" 'BEGIN { printf "%.0f", c / t * 1e6 }')" \
   "$(tv_rss_mb "$dir/agent.time")" "$(tv "$dir/agent.time" "Elapsed (wall clock)")"
+awk '{ if ($1 > a) a = $1; if ($2 > f) f = $2 } END {
+  printf "  of it at most: anonymous %.1f MB, file-backed (the executable and libraries mapped) %.1f MB\n",
+    a * 1024 / 1e6, f * 1024 / 1e6 }' "$dir/rss.txt"

@@ -14,7 +14,8 @@ REL="$(pwd)/target/$PROFILE"
 # GPUTEL_BENCH_COLLECTOR=/path/to/gputel-collector measures another collector
 # build (an older commit's, say) with the same scripts and load generator.
 COLLECTOR="${GPUTEL_BENCH_COLLECTOR:-$REL/gputel-collector}"
-AGENT="$REL/gputel-agent"
+# GPUTEL_BENCH_AGENT does the same for the agent.
+AGENT="${GPUTEL_BENCH_AGENT:-$REL/gputel-agent}"
 LOADGEN="$REL/gputel-loadgen"
 FAKE_NVML="$REL/libgputel_fake_nvml.so"
 FIXTURES="$(pwd)/tests/fixtures"

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""The collector's code that runs, laid out together.
+"""The code a program runs, laid out together.
 
 A program's pages of code are mapped into it (and counted in its RSS)
 wherever it executes, and the kernel maps the cached pages around each one a
 fault touches (fault-around, 64 KiB). Spread over the 16 MB of code the
-collector links, the few MB a serving collector runs end up mapping nearly
-all of it. Placing the functions that run next to each other, hottest
-first, maps only their pages.
+collector links, the 5 MB a serving collector runs end up mapping most of
+it. Placing the functions that run next to each other, hottest first, maps
+only their pages.
 
     code_order.py profile BINARY OUT CALLGRIND_OUT...
         The functions of BINARY that ran in the callgrind profiles (valgrind
@@ -35,11 +35,13 @@ HASH = re.compile(r"17h[0-9a-f]{16}E$")
 RECURSION = re.compile(r"'\d+$")
 
 
-HEADER = """\
-# The functions a serving collector runs, hottest first, as the shipped build
+def header(program):
+    """What a list says of itself, above its names."""
+    return f"""\
+# The functions {program} runs at work, hottest first, as the shipped build
 # (scripts/package) names them: scripts/package has the linker lay them out
-# in this order, together (collector/build.rs). Written by scripts/code-order;
-# rewrite it when the collector's code or its dependencies have moved.
+# in this order, together (scripts/lib/code_order_build.rs). Written by
+# scripts/code-order; rewrite it when the code or its dependencies have moved.
 """
 
 
@@ -115,7 +117,7 @@ def profile(binary, out, profiles):
     sizes = {name: size for _, size, name in code_symbols(binary)}
     order = sorted((fn for fn in ran if fn in sizes), key=lambda fn: (-ran[fn], fn))
     with open(out, "w") as f:
-        f.write(HEADER)
+        f.write(header(binary.rsplit("/", 1)[-1]))
         for fn in order:
             f.write(fn + "\n")
     print(

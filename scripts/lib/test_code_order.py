@@ -91,9 +91,11 @@ class ProfileTest(unittest.TestCase):
             self.assertIn("4 functions ran, 0.00 MB of the 0.00 MB", said.getvalue())
             with open(out) as f:
                 written = f.read()
-            self.assertTrue(written.startswith(code_order.HEADER))
+            header = code_order.header("gputel-collector")
+            self.assertIn("# The functions gputel-collector runs at work", header)
+            self.assertTrue(written.startswith(header))
             self.assertEqual(
-                written[len(code_order.HEADER) :].split(),
+                written[len(header) :].split(),
                 [
                     f"_ZN3hot4loop{H1}",
                     f"_ZN4warm4tick{H1}",
