@@ -75,14 +75,14 @@ impl Settings {
     /// the flush's own code (its columns without a value uncompressed), the
     /// others by parquet's `ArrowWriter` from the sorted rows.
     fn encode(self, table: Table, batch: &RecordBatch) -> Bytes {
-        let compacted = compacted_properties(table, batch.num_rows());
+        let compacted = || compacted_properties(table, batch.num_rows());
         let props = match self {
             Settings::Flush => {
                 return sort_and_encode(table, &mut BatchColumns::from(batch.clone()), "flush")
                     .expect("encode Parquet");
             }
-            Settings::Compacted => compacted,
-            Settings::Variant(v) => (v.change)(compacted.into_builder(), &table.schema()).build(),
+            Settings::Compacted => compacted(),
+            Settings::Variant(v) => (v.change)(compacted().into_builder(), &table.schema()).build(),
         };
         let sorted = sort_rows(table, batch).expect("sort key columns exist");
         encode_with(table.schema(), props, &sorted).expect("encode Parquet")

@@ -23,8 +23,7 @@ duration=${1:-300}
 rate=${2:-1}
 encoding=${3:-gzip}
 build_release
-agent=${GPUTEL_BENCH_AGENT:-$AGENT}
-[[ -x $agent ]] || die "no agent at $agent"
+[[ -x $AGENT ]] || die "no agent at $AGENT"
 ensure_node_exporter
 ensure_nginx
 command -v python3 >/dev/null || die "python3 is missing (Debian: apt-get install python3)"
@@ -32,12 +31,12 @@ dir=$(mktemp -d)
 trap 'set +e; [[ -n ${COLLECTOR_PID:-} ]] && pkill -P "$COLLECTOR_PID"; rm -rf "$dir"; true' EXIT
 
 start_collector "$dir"
-say "$agent and $GPUTEL_NODE_EXPORTER, scraped $rate time(s) a second for $duration s (Accept-Encoding: $encoding)"
-python3 benches/scripts/scrape-cpu.py --agent "$agent" --nvml-lib "$FAKE_NVML" \
+say "$AGENT and $GPUTEL_NODE_EXPORTER, scraped $rate time(s) a second for $duration s (Accept-Encoding: $encoding)"
+python3 benches/scripts/scrape-cpu.py --agent "$AGENT" --nvml-lib "$FAKE_NVML" \
   --fixtures "$FIXTURES" --node-exporter "$GPUTEL_NODE_EXPORTER" --nginx "$GPUTEL_NGINX" \
   --collector "http://127.0.0.1:$COLLECTOR_PORT" --duration "$duration" --rate "$rate" \
   --accept-encoding "$encoding" --logs "$dir" ${GPUTEL_BENCH_JSON:+--json "$GPUTEL_BENCH_JSON"}
 stop_collector
 machine
-printf 'agent: %s; node_exporter: %s; %s\n' "$agent" \
+printf 'agent: %s; node_exporter: %s; %s\n' "$AGENT" \
   "$("$GPUTEL_NODE_EXPORTER" --version 2>&1 | head -1)" "$("$GPUTEL_NGINX" -v 2>&1)"

@@ -51,19 +51,19 @@ def key(symbol):
 
 
 def code_symbols(binary):
-    """(address, size, name) of BINARY's functions."""
+    """{name: size} of BINARY's functions."""
     out = subprocess.run(
         ["nm", "--defined-only", "--print-size", binary],
         check=True,
         capture_output=True,
         text=True,
     ).stdout
-    symbols = []
+    sizes = {}
     for line in out.splitlines():
         fields = line.split()
         if len(fields) == 4 and fields[2] in "tTwW":
-            symbols.append((int(fields[0], 16), int(fields[1], 16), fields[3]))
-    return symbols
+            sizes[fields[3]] = int(fields[1], 16)
+    return sizes
 
 
 def callgrind_costs(path, binary_name):
@@ -109,15 +109,15 @@ def callgrind_costs(path, binary_name):
 
 
 def profile(binary, out, profiles):
-    binary_name = "/" + binary.rsplit("/", 1)[-1]
+    program = binary.rsplit("/", 1)[-1]
     ran = {}
     for path in profiles:
-        for fn, cost in callgrind_costs(path, binary_name).items():
+        for fn, cost in callgrind_costs(path, "/" + program).items():
             ran[fn] = ran.get(fn, 0) + cost
-    sizes = {name: size for _, size, name in code_symbols(binary)}
+    sizes = code_symbols(binary)
     order = sorted((fn for fn in ran if fn in sizes), key=lambda fn: (-ran[fn], fn))
     with open(out, "w") as f:
-        f.write(header(binary.rsplit("/", 1)[-1]))
+        f.write(header(program))
         for fn in order:
             f.write(fn + "\n")
     print(
@@ -130,10 +130,9 @@ def profile(binary, out, profiles):
 def resolve(binary, listed, out):
     with open(listed) as f:
         wanted = [line.strip() for line in f if line.strip() and not line.startswith("#")]
-    sizes = {}
+    sizes = code_symbols(binary)
     by_key = {}
-    for _, size, name in code_symbols(binary):
-        sizes[name] = size
+    for name in sizes:
         by_key.setdefault(key(name), []).append(name)
     exact = renamed = 0
     code = 0
