@@ -9,7 +9,10 @@
 //! resets without reallocating; the gzip framing around its raw deflate
 //! stream is a fixed header and a CRC-32 and length trailer. The deflate
 //! is zlib-rs (flate2's `zlib-rs` backend): on the 89 KB page at level 1,
-//! 50 µs against miniz_oxide's 76 µs (criterion `metrics_scrape/gzip`).
+//! 50 µs against miniz_oxide's 76 µs (criterion `metrics_scrape/gzip`);
+//! with flate2's `runtime_detection`, which lets zlib-rs pick its SIMD
+//! CRC-32 and matching for the CPU it runs on, a page's compression and
+//! CRC take a third less again (78 → 53 µs, `first_gzip_of_a_page`).
 
 use std::io;
 
