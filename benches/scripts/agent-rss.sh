@@ -36,8 +36,12 @@ timed=$!
 # The resident memory's two parts, from the agent's /proc status every
 # 500 ms: anonymous (heap, stacks) and file-backed (its executable's and
 # libraries' pages mapped from the page cache).
-sleep 0.2
-pid=$(pgrep -P "$timed" | head -1)
+# The agent is /usr/bin/time's child: found once time has started it.
+pid=
+while [[ -z $pid ]] && kill -0 "$timed" 2>/dev/null; do
+  pid=$(pgrep -P "$timed" | head -1) || true
+  [[ -n $pid ]] || sleep 0.05
+done
 while [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null; do
   awk '/^RssAnon/ { a = $2 } /^RssFile/ { f = $2 } END { if (a) print a, f }' \
     "/proc/$pid/status" 2>/dev/null || true
@@ -51,6 +55,7 @@ machine
 printf 'agent: %s ticks, %s CPU seconds (%s µs per tick), peak RSS %s MB, wall %s\n' \
   "$ticks" "$cpu" "$(awk -v c="$cpu" -v t="$ticks" 'BEGIN { printf "%.0f", c / t * 1e6 }')" \
   "$(tv_rss_mb "$dir/agent.time")" "$(tv "$dir/agent.time" "Elapsed (wall clock)")"
+[[ -s $dir/rss.txt ]] || die "no sample of the agent's /proc status was taken"
 awk '{ if ($1 > a) a = $1; if ($2 > f) f = $2 } END {
   printf "  of it at most: anonymous %.1f MB, file-backed (the executable and libraries mapped) %.1f MB\n",
     a * 1024 / 1e6, f * 1024 / 1e6 }' "$dir/rss.txt"
