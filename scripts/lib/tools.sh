@@ -150,6 +150,25 @@ ensure_cargo_deb() {
   CARGO_DEB=$bin
 }
 
+# Sets LLVM_PROFDATA to the llvm-profdata of rustc's own LLVM, which merges
+# the counts of a profile-guided build's training run (scripts/package):
+# rustup's llvm-tools component, added on first use. Another LLVM's
+# llvm-profdata may not read the raw profiles rustc's LLVM writes.
+ensure_llvm_profdata() {
+  local sysroot host
+  sysroot=$(rustc --print sysroot)
+  host=$(rustc -vV | sed -n 's/^host: //p')
+  LLVM_PROFDATA="$sysroot/lib/rustlib/$host/bin/llvm-profdata"
+  if [[ ! -x $LLVM_PROFDATA ]]; then
+    command -v rustup >/dev/null \
+      || die "llvm-profdata of rustc's LLVM is missing and rustup is not here to add it (rustup component add llvm-tools); or package with --no-pgo"
+    say "adding rustup's llvm-tools component (llvm-profdata, for the profile-guided build)"
+    rustup component add llvm-tools \
+      || die "could not add rustup's llvm-tools component; or package with --no-pgo"
+  fi
+  [[ -x $LLVM_PROFDATA ]] || die "no llvm-profdata at $LLVM_PROFDATA after adding llvm-tools"
+}
+
 # Sets GPUTEL_SYSTEMD_ANALYZE to systemd-analyze, which checks the unit files.
 # Where systemd is missing (a container whose PID 1 is not systemd), Debian's
 # systemd package is installed as root: without a running systemd its
