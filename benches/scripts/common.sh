@@ -7,8 +7,11 @@ set -euo pipefail
 say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
-# GPUTEL_BENCH_PROFILE=dist measures the build the packages ship (Cargo.toml,
-# profile.dist); the default is the release profile, quicker to build.
+# GPUTEL_BENCH_PROFILE=dist measures the profile the packages are built with
+# (Cargo.toml, profile.dist); the default is the release profile, quicker to
+# build. The packaged collector is also compiled with profile-guided
+# optimization: after scripts/package, measure it with
+# GPUTEL_BENCH_COLLECTOR=target/pgo/dist/gputel-collector.
 PROFILE="${GPUTEL_BENCH_PROFILE:-release}"
 REL="$(pwd)/target/$PROFILE"
 # GPUTEL_BENCH_COLLECTOR=/path/to/gputel-collector measures another collector
