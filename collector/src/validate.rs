@@ -158,9 +158,17 @@ fn ib_key(s: &IbPortSample) -> (&str, u32, i64) {
     (s.device.as_str(), s.port, s.ts_us)
 }
 
+/// Tables of up to this many rows in a batch are checked for repeated keys
+/// row against row: an agent's tick holds 8 GPUs, a node and a few ports,
+/// where comparing each row with the ones before it costs less than hashing
+/// every key into a map made for the batch. Larger tables (MIG devices, a
+/// spool's replay) are hashed.
+const PAIRWISE_MAX_ROWS: usize = 16;
+
 /// Refuses a batch holding two rows of one table with the same key: an
 /// agent samples each GPU, node and port once per tick, so a repeated key
 /// is a broken or hostile sender, and storing both would count it twice.
+/// The error names the first row that repeats a key and the row it repeats.
 fn unique_keys<'a, S, K: Hash + Eq>(
     table: Table,
     rows: &'a [S],
@@ -168,7 +176,20 @@ fn unique_keys<'a, S, K: Hash + Eq>(
     key: impl Fn(&'a S) -> K,
     describe: impl Fn(&K) -> String,
 ) -> Result<(), ValidationError> {
-    if rows.len() < 2 {
+    let repeated = |first: usize, second: usize, key: &K| ValidationError::DuplicateKey {
+        table: table.name(),
+        first,
+        second,
+        key: describe(key),
+        per,
+    };
+    if rows.len() <= PAIRWISE_MAX_ROWS {
+        for (second, s) in rows.iter().enumerate().skip(1) {
+            let k = key(s);
+            if let Some(first) = rows[..second].iter().position(|r| key(r) == k) {
+                return Err(repeated(first, second, &k));
+            }
+        }
         return Ok(());
     }
     let mut seen = HashMap::with_capacity(rows.len());
@@ -177,15 +198,7 @@ fn unique_keys<'a, S, K: Hash + Eq>(
             Entry::Vacant(v) => {
                 v.insert(row);
             }
-            Entry::Occupied(o) => {
-                return Err(ValidationError::DuplicateKey {
-                    table: table.name(),
-                    first: *o.get(),
-                    second: row,
-                    key: describe(o.key()),
-                    per,
-                });
-            }
+            Entry::Occupied(o) => return Err(repeated(*o.get(), row, o.key())),
         }
     }
     Ok(())
@@ -520,6 +533,56 @@ mod tests {
         );
         b.ib.pop();
         assert!(validate_batch(&b, NOW).is_ok());
+    }
+
+    #[test]
+    fn a_repeated_key_is_found_alike_in_small_and_large_tables() {
+        // Tables of up to PAIRWISE_MAX_ROWS rows are compared row against
+        // row, larger ones hashed: both name the first row that repeats a
+        // key and the earliest row it repeats, and pass distinct keys.
+        for rows in [
+            2,
+            3,
+            PAIRWISE_MAX_ROWS - 1,
+            PAIRWISE_MAX_ROWS,
+            PAIRWISE_MAX_ROWS + 1,
+            64,
+        ] {
+            let mut b = batch();
+            b.gpu = (0..rows)
+                .map(|i| GpuSample {
+                    gpu: (i / 7) as u32,
+                    gpu_instance_id: Some((i % 7) as u32),
+                    compute_instance_id: Some(0),
+                    ..batch().gpu[0].clone()
+                })
+                .collect();
+            assert!(validate_batch(&b, NOW).is_ok(), "{rows} distinct rows");
+            // The last row takes the key of the row a third of the way in;
+            // so does a row after it, which must not be the one named.
+            let repeated = rows / 3;
+            let last = rows - 1;
+            if repeated == last {
+                continue;
+            }
+            b.gpu[last] = b.gpu[repeated].clone();
+            b.gpu.push(b.gpu[repeated].clone());
+            match validate_batch(&b, NOW).unwrap_err() {
+                ValidationError::DuplicateKey {
+                    table,
+                    first,
+                    second,
+                    ..
+                } => {
+                    assert_eq!(
+                        (table, first, second),
+                        ("gpu", repeated, last),
+                        "{rows} rows"
+                    );
+                }
+                other => panic!("{rows} rows: {other}"),
+            }
+        }
     }
 
     #[test]
