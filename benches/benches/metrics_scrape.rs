@@ -17,6 +17,10 @@
 //!   then the scrape after it (renders; the gzip one also compresses, with
 //!   the agent's compressor, which is kept from page to page).
 //!
+//! - `cold/first_after_tick_plain`, `cold/first_after_tick_gzip`: the same
+//!   with the CPU's caches taken by 64 MB written before each tick, as a
+//!   scrape once a second finds them.
+//!
 //! None of these count the HTTP exchange; `benches/scripts/metrics-scrape.sh`
 //! measures the whole agent process under scrapes.
 //!
@@ -212,6 +216,36 @@ fn scrape(c: &mut Criterion) {
             criterion::BatchSize::PerIteration,
         )
     });
+    g.finish();
+
+    // The same first scrapes as a scraper once a second finds the agent:
+    // its caches taken by everything else that ran in between (here, 64 MB
+    // written before each tick, outside the timing).
+    let mut g = c.benchmark_group("metrics_scrape/cold");
+    g.sample_size(30);
+    let mut elsewhere = vec![0u8; 64 << 20];
+    for (name, encoding) in [
+        ("first_after_tick_plain", Encoding::Identity),
+        ("first_after_tick_gzip", Encoding::Gzip),
+    ] {
+        g.bench_function(name, |b| {
+            b.iter_batched(
+                || {
+                    let batch = ticks.next();
+                    for (i, line) in elsewhere.chunks_mut(64).enumerate() {
+                        line[0] = i as u8;
+                    }
+                    black_box(&elsewhere);
+                    batch
+                },
+                |batch| {
+                    metrics.record(&batch);
+                    black_box(metrics.scrape(encoding))
+                },
+                criterion::BatchSize::PerIteration,
+            )
+        });
+    }
     g.finish();
 }
 

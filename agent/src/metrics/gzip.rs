@@ -6,28 +6,19 @@
 //! kernel maps in anew each time. For a page a second that was ~29 page
 //! faults and 0.18 ms of system CPU per gzip scrape, as much as the
 //! compression itself (`benches/scripts/metrics-scrape.sh`). `Compress`
-//! resets without reallocating; the gzip framing around its raw deflate
-//! stream is a fixed header and a CRC-32 and length trailer. The deflate
-//! is zlib-rs (flate2's `zlib-rs` backend): on the 89 KB page at level 1,
-//! 50 µs against miniz_oxide's 76 µs (criterion `metrics_scrape/gzip`);
-//! with flate2's `runtime_detection`, which lets zlib-rs pick its SIMD
-//! CRC-32 and matching for the CPU it runs on, a page's compression and
-//! CRC take a third less again (78 → 53 µs, `first_gzip_of_a_page`).
+//! resets without reallocating, and made with `new_gzip` it writes the
+//! gzip framing itself (a fixed header, the CRC-32 and length trailer),
+//! taking the CRC as it copies the text into its window rather than in a
+//! pass of its own. The deflate is zlib-rs (flate2's `zlib-rs` backend):
+//! on the 89 KB page at level 1, 50 µs against miniz_oxide's 76 µs
+//! (criterion `metrics_scrape/gzip`); with flate2's `runtime_detection`,
+//! which lets zlib-rs pick its SIMD CRC-32 and matching for the CPU it runs
+//! on, a page's compression and CRC take a third less again (78 → 53 µs,
+//! `first_gzip_of_a_page`).
 
 use std::io;
 
-use flate2::{Compress, Compression, Crc, FlushCompress, Status};
-
-/// The member header `GzEncoder` writes: deflate, no flags, no time, XFL
-/// (4 for the fastest levels, 2 for the best, else 0), OS unknown.
-fn header(level: u32) -> [u8; 10] {
-    let xfl = match level {
-        0..=1 => 4,
-        9.. => 2,
-        _ => 0,
-    };
-    [0x1f, 0x8b, 8, 0, 0, 0, 0, 0, xfl, 0xff]
-}
+use flate2::{Compress, Compression, FlushCompress, Status};
 
 /// A gzip compressor at one level; its deflate state is made on first use
 /// and kept.
@@ -51,28 +42,20 @@ impl Gzip {
         let level = self.level;
         let deflate = self
             .deflate
-            .get_or_insert_with(|| Compress::new(Compression::new(level), false));
+            .get_or_insert_with(|| Compress::new_gzip(Compression::new(level), 15));
         deflate.reset();
         // Pages compress about tenfold; the loop grows the buffer if not.
-        let header = header(level);
-        let mut out = Vec::with_capacity(header.len() + text.len() / 8 + 64);
-        out.extend_from_slice(&header);
+        let mut out = Vec::with_capacity(text.len() / 8 + 64);
         let mut rest = text;
         loop {
             let before = deflate.total_in();
             let status = deflate.compress_vec(rest, &mut out, FlushCompress::Finish)?;
             rest = &rest[(deflate.total_in() - before) as usize..];
             match status {
-                Status::StreamEnd => break,
+                Status::StreamEnd => return Ok(out),
                 Status::Ok | Status::BufError => out.reserve(out.capacity().max(4096)),
             }
         }
-        let mut crc = Crc::new();
-        crc.update(text);
-        out.extend_from_slice(&crc.sum().to_le_bytes());
-        // ISIZE: the length modulo 2^32.
-        out.extend_from_slice(&(text.len() as u32).to_le_bytes());
-        Ok(out)
     }
 }
 
@@ -113,11 +96,11 @@ mod tests {
         }
         let member = gzip.compress(&page).expect("compress");
         assert!(member.len() * 4 < page.len(), "{}", member.len());
-        // GzEncoder's framing at this level and others: the same header and
-        // trailer (CRC-32, length) around a deflate stream of the same text
-        // (zlib-rs ends GzEncoder's stream with an empty final block, ours
-        // in one final block, so the streams differ by a byte). A reset
-        // compressor writes what a new one writes.
+        // GzEncoder's framing at this level and others: the same header
+        // but for its last byte, the OS (zlib's 3, Unix, where GzEncoder
+        // writes 255, unknown), and the same trailer (CRC-32, length)
+        // around a deflate stream of the same text. A reset compressor
+        // writes what a new one writes.
         for level in [1, 6, 9] {
             let mut encoder = flate2::write::GzEncoder::new(Vec::new(), Compression::new(level));
             std::io::Write::write_all(&mut encoder, &page).expect("compress");
@@ -125,7 +108,8 @@ mod tests {
             let mut ours = Gzip::new(level);
             ours.compress(&noise).expect("compress");
             let reused = ours.compress(&page).expect("compress");
-            assert_eq!(reused[..10], theirs[..10], "header, level {level}");
+            assert_eq!(reused[..9], theirs[..9], "header, level {level}");
+            assert_eq!(reused[9], 3, "OS, level {level}");
             assert_eq!(
                 reused[reused.len() - 8..],
                 theirs[theirs.len() - 8..],

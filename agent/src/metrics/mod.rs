@@ -719,7 +719,17 @@ fn decimal(v: f32) -> Option<f64> {
     if !v.is_finite() {
         return None;
     }
-    v.to_string().parse().ok()
+    // ryu's shortest digits, without an allocation, where they are
+    // `Display`'s: up to 6 significant digits, one decimal reads back as an
+    // f32 (FLT_DIG; see `text::push_value`). An exponent counts as digits
+    // here, so such values take `Display` too.
+    let mut buffer = ryu::Buffer::new();
+    let shortest = buffer.format_finite(v);
+    if text::significant_digits(shortest) <= 6 {
+        shortest.parse().ok()
+    } else {
+        v.to_string().parse().ok()
+    }
 }
 
 /// A percentage as DCGM's ratio 0–1, to six decimals (finer than an `f32`
@@ -1759,6 +1769,23 @@ mod tests {
         assert_eq!(ratio(f32::NAN), None);
         assert_eq!(decimal(0.52), Some(0.52));
         assert_eq!(decimal(f32::INFINITY), None);
+        // As `Display` prints them, whatever the digits: every percentage
+        // in hundredths, and f32 bit patterns from a fixed xorshift sequence.
+        let displayed = |v: f32| v.to_string().parse::<f64>().ok();
+        for hundredths in 0..=10_000 {
+            let pct = hundredths as f32 / 100.0;
+            assert_eq!(decimal(pct), displayed(pct), "{pct}");
+        }
+        let mut state = 0x2545_f491_u32;
+        for _ in 0..100_000 {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            let v = f32::from_bits(state);
+            if v.is_finite() {
+                assert_eq!(decimal(v), displayed(v), "{v:e}");
+            }
+        }
     }
 
     /// A MIG device's series carry dcgm-exporter's GPU_I_PROFILE and
