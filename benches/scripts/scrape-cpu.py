@@ -100,6 +100,18 @@ def nginx_serving(root, port, page, gzipped):
     return ["-p", root, "-e", "stderr", "-c", conf]
 
 
+def agent_argv(agent, nvml_lib, fixtures, collector, port, node="bench-node"):
+    """The agent on the fake NVML and the fixture trees, one tick a second,
+    serving /metrics on 127.0.0.1:PORT."""
+    return [
+        agent, "--nvml-lib", nvml_lib,
+        "--procfs-root", os.path.join(fixtures, "proc"),
+        "--sysfs-root", os.path.join(fixtures, "sys"),
+        "--node", node, "--plaintext", "--collector", collector, "--interval", "1s",
+        "--metrics-listen", f"127.0.0.1:{port}", "--log", "error",
+    ]
+
+
 def loadavg():
     with open("/proc/loadavg") as f:
         return " ".join(f.read().split()[:3])
@@ -164,12 +176,7 @@ def main():
 
     for name in ("agent_scraped", "agent_idle"):
         port = free_port()
-        start(name, [
-            args.agent, "--nvml-lib", args.nvml_lib, "--procfs-root", proc_root,
-            "--sysfs-root", sys_root, "--node", "bench-node", "--plaintext",
-            "--collector", args.collector, "--interval", "1s",
-            "--metrics-listen", f"127.0.0.1:{port}", "--log", "error",
-        ], port)
+        start(name, agent_argv(args.agent, args.nvml_lib, args.fixtures, args.collector, port), port)
     for name in ("ne_scraped", "ne_idle"):
         port = free_port()
         start(name, [

@@ -17,18 +17,18 @@ two whole processes that `scrape-cpu.py` reports, for comparing builds.
 
 import argparse
 import http.client
+import importlib.util
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# How scrape-cpu.py starts an agent and waits for its port, shared.
+_spec = importlib.util.spec_from_file_location(
+    "scrape_cpu", os.path.join(os.path.dirname(os.path.abspath(__file__)), "scrape-cpu.py"))
+scrape_cpu = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(scrape_cpu)
 
 
 def thread_cpu_ns(pid):
@@ -48,16 +48,12 @@ def main():
     procs = []
     try:
         for i, agent in enumerate(args.agents):
-            port = free_port()
-            p = subprocess.Popen(
-                [agent, "--nvml-lib", args.nvml_lib,
-                 "--procfs-root", os.path.join(args.fixtures, "proc"),
-                 "--sysfs-root", os.path.join(args.fixtures, "sys"),
-                 "--node", f"bench-node-{i}", "--plaintext", "--collector", args.collector,
-                 "--interval", "1s", "--metrics-listen", f"127.0.0.1:{port}", "--log", "error"],
-                stdout=subprocess.DEVNULL)
-            procs.append((agent, p, port))
-        time.sleep(4)
+            port = scrape_cpu.free_port()
+            argv = scrape_cpu.agent_argv(agent, args.nvml_lib, args.fixtures, args.collector,
+                                         port, node=f"bench-node-{i}")
+            procs.append((agent, subprocess.Popen(argv, stdout=subprocess.DEVNULL), port))
+        for agent, p, port in procs:
+            scrape_cpu.wait_port(port, p, agent)
         conns = [http.client.HTTPConnection("127.0.0.1", port, timeout=10) for _, _, port in procs]
 
         def scrape(pid, conn):
@@ -95,8 +91,7 @@ def main():
             deciles = statistics.quantiles(xs, n=10)
             return f"{statistics.median(xs):.3f} ({deciles[0]:.3f}-{deciles[-1]:.3f})"
         print(f"{agent}: first of a tick {fmt(first)}; again, cached {fmt(cached)}")
-    with open("/proc/loadavg") as f:
-        print("load average at the end:", " ".join(f.read().split()[:3]))
+    print("load average at the end:", scrape_cpu.loadavg())
 
 
 if __name__ == "__main__":

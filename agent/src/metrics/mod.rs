@@ -719,16 +719,12 @@ fn decimal(v: f32) -> Option<f64> {
     if !v.is_finite() {
         return None;
     }
-    // ryu's shortest digits, without an allocation, where they are
-    // `Display`'s: up to 6 significant digits, one decimal reads back as an
-    // f32 (FLT_DIG; see `text::push_value`). An exponent counts as digits
-    // here, so such values take `Display` too.
+    // ryu's digits, without an allocation, where they are `Display`'s (up
+    // to FLT_DIG, 6).
     let mut buffer = ryu::Buffer::new();
-    let shortest = buffer.format_finite(v);
-    if text::significant_digits(shortest) <= 6 {
-        shortest.parse().ok()
-    } else {
-        v.to_string().parse().ok()
+    match text::shortest_as_displayed(&mut buffer, v, 6) {
+        Some(shortest) => shortest.parse().ok(),
+        None => v.to_string().parse().ok(),
     }
 }
 

@@ -142,28 +142,38 @@ pub(super) fn push_value(out: &mut String, value: f64) {
         out.push_str(itoa::Buffer::new().format(integer));
         return;
     }
-    if (1e-4..EXACT).contains(&magnitude) {
-        // ryu writes plain decimals, not exponents, between 1e-5 and 1e16.
-        let mut buffer = ryu::Buffer::new();
-        let decimal = buffer.format_finite(value);
-        // Both write the shortest decimal that reads back; of 16 or 17
-        // digits there can be two, exactly halfway, and `Display` rounds
-        // the half up where ryu rounds it to even. Of up to 15 there is
-        // one: no two decimals of 15 digits read back as the same f64
-        // (DBL_DIG).
-        if significant_digits(decimal) <= 15 {
-            out.push_str(decimal);
-            return;
-        }
+    // ryu writes plain decimals, not exponents, between 1e-5 and 1e16.
+    let mut buffer = ryu::Buffer::new();
+    if (1e-4..EXACT).contains(&magnitude)
+        && let Some(decimal) = shortest_as_displayed(&mut buffer, value, 15)
+    {
+        out.push_str(decimal);
+        return;
     }
     // Writing to a String cannot fail.
     let _ = write!(out, "{value}");
 }
 
-/// The significant digits of a plain decimal such as `-0.0012345`.
-pub(super) fn significant_digits(decimal: &str) -> usize {
+/// ryu's shortest decimal of finite `value`, when it is the one `Display`
+/// writes: when it has at most `dig` significant digits, `dig` being the
+/// type's DIG (15 for an f64, 6 for an f32). Both write the shortest
+/// decimal that reads back; of more digits there can be two, exactly
+/// halfway, and `Display` rounds the half up where ryu rounds it to even
+/// (-1010.4382934570312 against …313). Of up to DIG digits there is one: no
+/// two such decimals read back as the same value. Outside 1e-5..1e16 ryu
+/// writes an exponent (`1e-7`, where `Display` writes `0.0000001`), which
+/// is counted as digits: the same value, other text, so `push_value`, which
+/// writes the text, keeps to the range, and `decimal`, which parses it,
+/// need not.
+pub(super) fn shortest_as_displayed<F: ryu::Float>(
+    buffer: &mut ryu::Buffer,
+    value: F,
+    dig: usize,
+) -> Option<&str> {
+    let decimal = buffer.format_finite(value);
     let digits = decimal.trim_start_matches(['-', '0', '.']);
-    digits.len() - usize::from(digits.contains('.'))
+    let significant = digits.len() - usize::from(digits.contains('.'));
+    (significant <= dig).then_some(decimal)
 }
 
 /// Appends `text` with `\` and newlines escaped, and `"` too in a label
