@@ -28,7 +28,8 @@ uniform among the multiples of the largest power of two dividing every
 such value (4 for byte counters counted in 4-byte words). A density smooth
 at the bins' width comes out near its entropy; one with structure inside
 a bin comes out above it. Values under 2^16 are counted as before, each
-for itself. It is the pooled estimate with that correction, and the
+for itself, and so are all of a column's values when fewer than 64 are
+wide. It is the pooled estimate with that correction, and the
 column's floor where it is the least of the three expressions.
 
     entropy-floor.py DUCKDB STORE
@@ -50,23 +51,6 @@ def rows(duckdb, sql):
     out = subprocess.run([duckdb, "-csv", "-noheader", "-c", sql], capture_output=True,
                          text=True, check=True).stdout
     return [line.split(",") for line in out.strip().splitlines()]
-
-
-def entropy_bits(duckdb, src, column, key, expr):
-    """Total bits of the order-0 entropy of `expr` over the column's values:
-    pooled (one code for every series) and per series (a code each)."""
-    series = ", ".join(key)
-    sql = f"""
-        with v as (select {column} as x, ts, {series} from {src} where {column} is not null),
-             d as (select {expr} as d, {series} from v),
-             k as (select {series}, count(*) as k from d where d is not null group by {series}, d),
-             s as (select {series}, sum(k) as n from k group by {series}),
-             p as (select d, count(*) as k from d where d is not null group by d),
-             n as (select sum(k) as n from p)
-        select (select coalesce(sum(k * log2(n / k)), 0) from p, n),
-               (select coalesce(sum(k * log2(n / k)), 0) from k join s using ({series}))"""
-    pooled, per_series = rows(duckdb, sql)[0]
-    return float(pooled), float(per_series)
 
 
 # Values at least this large in magnitude are binned (see the docstring).
@@ -104,14 +88,26 @@ def binned_estimate_bits(values):
         k += 1
 
 
-def binned_bits(duckdb, src, column, key, expr):
-    """binned_estimate_bits of `expr` over the column's integer values."""
+def entropy_bits(duckdb, src, column, key, expr, integer):
+    """Total bits of the order-0 entropy of `expr` over the column's values,
+    from one reading of its counts per series: pooled (one code for every
+    series), per series (a code each), and pooled with wide values binned
+    (integer columns; floats, few-valued here, as pooled)."""
     series = ", ".join(key)
+    value = f"({expr})::hugeint" if integer else f"({expr})"
     sql = f"""
         with v as (select {column} as x, ts, {series} from {src} where {column} is not null),
-             d as (select ({expr})::hugeint as d from v)
-        select d, count(*) from d where d is not null group by d"""
-    return binned_estimate_bits({int(d): int(k) for d, k in rows(duckdb, sql)})
+             d as (select {value} as d, {series} from v)
+        select d, count(*), {series} from d where d is not null group by all"""
+    pooled = collections.Counter()
+    per_series = collections.defaultdict(list)
+    for d, k, *s in rows(duckdb, sql):
+        pooled[d] += int(k)
+        per_series[tuple(s)].append(int(k))
+    plug_in = plug_in_bits(list(pooled.values()))
+    binned = (binned_estimate_bits({int(d): k for d, k in pooled.items()}) if integer
+              else plug_in)
+    return plug_in, sum(plug_in_bits(c) for c in per_series.values()), binned
 
 
 def main():
@@ -136,17 +132,12 @@ def main():
             if n == 0:
                 continue
             lag = f"lag(x, %d) over (partition by {', '.join(key)} order by ts)"
+            integer = kind not in ("FLOAT", "DOUBLE")
             bits = [
-                entropy_bits(duckdb, src, name, key, "x"),
-                entropy_bits(duckdb, src, name, key, f"x - {lag % 1}"),
-                entropy_bits(duckdb, src, name, key, f"x - 2 * {lag % 1} + {lag % 2}"),
+                entropy_bits(duckdb, src, name, key, expr, integer)
+                for expr in ("x", f"x - {lag % 1}", f"x - 2 * {lag % 1} + {lag % 2}")
             ]
-            pooled = min(b[0] for b in bits) / 8
-            series = min(b[1] for b in bits) / 8
-            # Floats (load averages, link rates) are few-valued: as pooled.
-            binned = pooled if kind in ("FLOAT", "DOUBLE") else min(
-                binned_bits(duckdb, src, name, key, expr) for expr in
-                ("x", f"x - {lag % 1}", f"x - 2 * {lag % 1} + {lag % 2}")) / 8
+            pooled, series, binned = (min(b[i] for b in bits) / 8 for i in range(3))
             total_values += n
             total_pooled += pooled
             total_series += series
